@@ -52,8 +52,17 @@ if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv with $($python --version)"
   "$python" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip)
-"${pip[@]}" install -q -c "$constraints" pip setuptools wheel
+# pip here warns about every configured index folder a package is not in;
+# that noise hides real errors, so it is filtered out.
+pip_install() {
+  local status
+  set +e
+  "$venv/bin/python" -m pip install -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory"
+  status=${PIPESTATUS[0]}
+  set -e
+  return "$status"
+}
+pip_install -c "$constraints" pip setuptools wheel
 
 if gpu_present; then
   tf_package=tensorflow
@@ -62,7 +71,7 @@ else
   tf_package=tensorflow-cpu
   say "no GPU visible: installing tensorflow-cpu"
 fi
-"${pip[@]}" install -q -c "$constraints" "$tf_package==2.15.1" "tensorflow-estimator==2.15.0"
+pip_install -c "$constraints" "$tf_package==2.15.1" "tensorflow-estimator==2.15.0"
 
 horovod_ok() {
   "$venv/bin/python" - <<'PY' 2>/dev/null
@@ -82,14 +91,14 @@ else
     export HOROVOD_GPU_OPERATIONS=NCCL
     say "CUDA found: building with NCCL"
   fi
-  "${pip[@]}" install -q -c "$constraints" --no-build-isolation "horovod==0.28.1" \
+  pip_install -c "$constraints" --no-build-isolation "horovod==0.28.1" \
     || die "Horovod's build failed (see above). It needs cmake, a C++17 compiler and the TensorFlow installed in $venv."
   horovod_ok || die "Horovod installed but horovod.tensorflow does not load with Gloo; rebuild with 'rm -rf $venv' and run this script again."
 fi
 
-extras="dev"
-gpu_present && extras="dev,gpu"
-"${pip[@]}" install -q -c "$constraints" -e ".[$extras]"
+extras="dev,tf-cpu"
+[ "$tf_package" = tensorflow ] && extras="dev,tf-gpu,gpu"
+pip_install -c "$constraints" -e ".[$extras]"
 
 check=$("$venv/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
 echo "$check" | grep -q '\[X\] TensorFlow' || die "Horovod was built without TensorFlow: $check"

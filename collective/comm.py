@@ -1,0 +1,276 @@
+"""The collectives collective uses, as TensorFlow graph ops over Horovod.
+
+Every function here works in graph mode (and in ``tf.function``), has a
+gradient, and at world size 1 is an identity that does not need Horovod to be
+initialised. Each call adds the bytes this worker sends to a per-graph
+counter, :func:`bytes_counter`, that hooks and benchmarks read as bytes per
+step. The byte model, per worker and call, with ``N`` workers and ``S`` the
+bytes of the local input:
+
+=============  ==========================================================
+alltoall       the rows sent to other workers (exact, from the splits)
+allgather      ``S * (N - 1)``: every other worker gets the local rows
+allreduce      ``2 * S * (N - 1) / N``: ring reduce-scatter + allgather
+reducescatter  ``S * (N - 1) / N``
+broadcast      ``S * (N - 1)`` on the root, 0 elsewhere
+=============  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from collective import context
+
+BYTES_COLLECTION = "collective_bytes_sent"
+_eager_counter: Optional[tf.Variable] = None
+_initialized = False
+
+
+def world_size() -> int:
+    """Number of workers in the job."""
+    return context.get().world_size
+
+
+def rank() -> int:
+    """This worker's rank."""
+    return context.get().rank
+
+
+def init() -> None:
+    """Initialises Horovod once when the job has more than one worker."""
+    global _initialized
+    if _initialized or world_size() == 1:
+        return
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.size() != world_size() or hvd.rank() != rank():
+        raise RuntimeError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but the environment says "
+                           f"{rank()} of {world_size()}; start workers with python -m collective.launch")
+    _initialized = True
+
+
+def _hvd():
+    init()
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+# ---------------------------------------------------------------- byte counter
+
+def bytes_counter() -> tf.Variable:
+    """The int64 variable counting the bytes this worker has sent.
+
+    In a graph it is a local variable (initialised by the local initialiser,
+    never checkpointed) kept in the collection ``collective_bytes_sent``; in
+    eager mode it is one variable per process.
+    """
+    global _eager_counter
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            if _eager_counter is None:
+                _eager_counter = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                             name="collective_bytes_sent")
+            return _eager_counter
+        graph = tf.compat.v1.get_default_graph()
+        existing = graph.get_collection(BYTES_COLLECTION)
+        if existing:
+            return existing[0]
+        with graph.name_scope(None):
+            return tf.compat.v1.Variable(
+                tf.constant(0, tf.int64), trainable=False, name="collective_bytes_sent", use_resource=True,
+                collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES, BYTES_COLLECTION])
+
+
+def _unfoldable(tensor: tf.Tensor) -> tf.Tensor:
+    """``tensor`` behind an op Grappler's constant folding never evaluates.
+
+    Horovod's ops are not marked stateful, so constant folding runs a
+    collective whose inputs are constants (a static shape, literal splits)
+    while the graph is optimised, on some ranks and not others, and the job
+    deadlocks. A PlaceholderWithDefault is never folded.
+    """
+    if tf.executing_eagerly():
+        return tensor
+    return tf.compat.v1.placeholder_with_default(tensor, tensor.shape)
+
+
+def _nbytes(tensor: tf.Tensor) -> tf.Tensor:
+    return tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
+
+
+def _counted(outputs, sent_bytes: tf.Tensor):
+    """Returns ``outputs`` (a tensor or tuple) after adding ``sent_bytes`` to the counter."""
+    update = bytes_counter().assign_add(tf.cast(sent_bytes, tf.int64), read_value=False)
+    with tf.control_dependencies([update]):
+        if isinstance(outputs, tuple):
+            return tuple(tf.identity(t) for t in outputs)
+        return tf.identity(outputs)
+
+
+def _share(nbytes: tf.Tensor, numerator: int, denominator: int) -> tf.Tensor:
+    return nbytes * numerator // denominator
+
+
+# ---------------------------------------------------------------- collectives
+
+def allreduce(tensor: tf.Tensor, op: str = "average", name: Optional[str] = None) -> tf.Tensor:
+    """Sum or average of ``tensor`` over all workers (``op``: ``sum`` or ``average``)."""
+    op = _check_op(op, ("sum", "average"))
+    tensor = tf.convert_to_tensor(tensor)
+    n = world_size()
+    if n == 1:
+        return tf.identity(tensor)
+
+    @tf.custom_gradient
+    def _allreduce(x):
+        hvd = _hvd()
+        y = hvd.allreduce(_unfoldable(x), op=hvd.Sum if op == "sum" else hvd.Average, name=name)
+        return _counted(y, _share(_nbytes(x), 2 * (n - 1), n)), lambda dy: allreduce(dy, op)
+
+    return _allreduce(tensor)
+
+
+def grouped_allreduce(tensors: Sequence[tf.Tensor], op: str = "average") -> List[tf.Tensor]:
+    """:func:`allreduce` of several tensors negotiated as one group."""
+    op = _check_op(op, ("sum", "average"))
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    n = world_size()
+    if n == 1 or not tensors:
+        return [tf.identity(t) for t in tensors]
+
+    @tf.custom_gradient
+    def _grouped(*xs):
+        hvd = _hvd()
+        # Horovod groups tensors of one dtype: one group per dtype.
+        ys = [None] * len(xs)
+        by_dtype = {}
+        for i, x in enumerate(xs):
+            by_dtype.setdefault(x.dtype, []).append(i)
+        for indices in by_dtype.values():
+            reduced = hvd.grouped_allreduce([_unfoldable(xs[i]) for i in indices], op=hvd.Sum if op == "sum" else hvd.Average)
+            for i, y in zip(indices, reduced):
+                ys[i] = y
+        sent = tf.add_n([_share(_nbytes(x), 2 * (n - 1), n) for x in xs])
+        return _counted(tuple(ys), sent), lambda *dys: grouped_allreduce(list(dys), op)
+
+    return list(_grouped(*tensors))
+
+
+def allgather(tensor: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
+    """Concatenates every worker's ``tensor`` along axis 0, in rank order; first dimensions may differ."""
+    tensor = tf.convert_to_tensor(tensor)
+    n = world_size()
+    if n == 1:
+        return tf.identity(tensor)
+
+    @tf.custom_gradient
+    def _allgather(x):
+        hvd = _hvd()
+        y = hvd.allgather(_unfoldable(x), name=name)
+        rows = tf.shape(x, out_type=tf.int64)[:1]
+
+        def grad(dy):
+            # Each worker's rows were read by every worker: sum the gradient
+            # over workers, then keep this worker's slice.
+            counts = allgather(rows)
+            start = tf.reduce_sum(counts[:rank()])
+            return allreduce(dy, "sum")[start:start + rows[0]]
+
+        return _counted(y, _nbytes(x) * (n - 1)), grad
+
+    return _allgather(tensor)
+
+
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Sends ``tensor[sum(splits[:j]):sum(splits[:j+1])]`` to worker ``j``.
+
+    Returns the rows received, concatenated in rank order, and how many came
+    from each worker (int32 ``[world_size]``). The gradient sends gradients
+    back the way the rows came.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    splits = tf.cast(splits, tf.int32)
+    n = world_size()
+    if n == 1:
+        return tf.identity(tensor), tf.reshape(tf.shape(tensor)[0], [1])
+
+    @tf.custom_gradient
+    def _alltoall(x):
+        hvd = _hvd()
+        y, received = hvd.alltoall(_unfoldable(x), splits=_unfoldable(splits), name=name)
+        row_bytes = _nbytes(x) // tf.maximum(tf.cast(tf.shape(x, out_type=tf.int64)[0], tf.int64), 1)
+        sent_rows = tf.cast(tf.reduce_sum(splits) - splits[rank()], tf.int64)
+        y, received = _counted((y, received), sent_rows * row_bytes)
+
+        def grad(dy, _unused=None):
+            return alltoall(dy, received)[0]
+
+        return (y, received), grad
+
+    y, received = _alltoall(tensor)
+    return y, tf.stop_gradient(received)
+
+
+def reducescatter(tensor: tf.Tensor, op: str = "sum", name: Optional[str] = None) -> tf.Tensor:
+    """Reduces ``tensor`` over workers and gives each its block of rows.
+
+    The first dimension must be ``world_size * k``; worker ``r`` gets rows
+    ``[r * k, (r + 1) * k)`` (``op``: ``sum`` or ``average``).
+    """
+    op = _check_op(op, ("sum", "average"))
+    tensor = tf.convert_to_tensor(tensor)
+    n = world_size()
+    if n == 1:
+        return tf.identity(tensor)
+
+    @tf.custom_gradient
+    def _reducescatter(x):
+        hvd = _hvd()
+        check = tf.debugging.assert_equal(
+            tf.shape(x)[0] % n, 0,
+            message=f"reducescatter needs a first dimension divisible by the {n} workers")
+        with tf.control_dependencies([check]):
+            y = hvd.reducescatter(_unfoldable(x), op=hvd.Sum if op == "sum" else hvd.Average, name=name)
+
+        def grad(dy):
+            g = allgather(dy)
+            return g / n if op == "average" else g
+
+        return _counted(y, _share(_nbytes(x), n - 1, n)), grad
+
+    return _reducescatter(tensor)
+
+
+def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """``tensor`` as it is on ``root_rank``, on every worker."""
+    tensor = tf.convert_to_tensor(tensor)
+    n = world_size()
+    if n == 1:
+        return tf.identity(tensor)
+    hvd = _hvd()
+    y = hvd.broadcast(_unfoldable(tensor), root_rank, name=name)
+    # The same ops on every rank: Horovod names collectives after the graph's
+    # op names, which rank-dependent construction would shift.
+    sent = _nbytes(tensor) * (n - 1) * int(rank() == root_rank)
+    return _counted(y, sent)
+
+
+def allreduce_max(tensor: tf.Tensor) -> tf.Tensor:
+    """Element-wise maximum over workers (no gradient)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if world_size() == 1:
+        return tf.identity(tensor)
+    hvd = _hvd()
+    y = hvd.allreduce(_unfoldable(tf.stop_gradient(tensor)), op=hvd.Max)
+    return _counted(y, _share(_nbytes(tensor), 2 * (world_size() - 1), world_size()))
+
+
+def _check_op(op: str, choices: Tuple[str, ...]) -> str:
+    if op not in choices:
+        raise ValueError(f"reduction op {op!r} is not one of {', '.join(choices)}")
+    return op

@@ -1,0 +1,142 @@
+"""Where this process stands in the job: rank, sizes, device and options.
+
+Everything is read from the environment once, when :func:`get` is first
+called; the launcher (``python -m collective.launch``) and ``horovodrun`` set
+the rank variables, the user sets the options. Nothing here initialises
+Horovod: a single process with no launcher is rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+BACKENDS = ("hb", "sok")
+KERNELS = ("tf", "cupy")
+
+# Rank variables, in the order they are looked for: ours (set by our
+# launcher), Horovod's (set by horovodrun and by our launcher), then MPI's.
+_RANK_VARS = ("COLLECTIVE_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SIZE_VARS = ("COLLECTIVE_WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_LOCAL_RANK_VARS = ("COLLECTIVE_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
+_LOCAL_SIZE_VARS = ("COLLECTIVE_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+class OptionError(ValueError):
+    """An environment option holds a value collective cannot use."""
+
+
+def _first_int(env: Mapping[str, str], names: tuple, default: int) -> int:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise OptionError(f"{name}={value!r} is not an integer; unset it or give a whole number") from None
+    return default
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple, default: str) -> str:
+    value = env.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise OptionError(f"{name}={env.get(name)!r} is not one of {', '.join(choices)}; unset it or pick one of those")
+    return value
+
+
+def _nonnegative_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _first_int(env, (name,), default)
+    if value < 0:
+        raise OptionError(f"{name}={value} must be >= 0")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Rank, sizes, device and options of this worker process.
+
+    Attributes:
+      rank: this worker's index in ``[0, world_size)``.
+      world_size: number of worker processes in the job.
+      local_rank: index among the workers on this host.
+      local_size: number of workers on this host.
+      backend: embedding exchange, ``hb`` or ``sok`` (``COLLECTIVE_STRATEGY``).
+      kernels: ``tf`` or ``cupy`` implementation of the id kernels (``COLLECTIVE_KERNELS``).
+      replicate_below_bytes: tables smaller than this stay replicated
+        (``COLLECTIVE_REPLICATE_BELOW_BYTES``; 0 shards every table with at
+        least ``world_size`` rows).
+      hb_comm_default: HybridBackend's ``HB_COMM_DEFAULT`` as given.
+      hb_comm_pool_capacity: HybridBackend's ``HB_COMM_POOL_CAPACITY`` as given.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    backend: str = "hb"
+    kernels: str = "tf"
+    replicate_below_bytes: int = 0
+    hb_comm_default: str = "NCCL"
+    hb_comm_pool_capacity: int = 1
+    gpu: Optional[str] = None
+
+    @property
+    def device(self) -> str:
+        """The TensorFlow device this worker computes on."""
+        return "/gpu:0" if self.gpu is not None else "/cpu:0"
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def __repr__(self) -> str:
+        gpu = f"gpu {self.gpu}" if self.gpu is not None else "cpu"
+        return (f"Context(rank {self.rank}/{self.world_size}, local {self.local_rank}/{self.local_size}, "
+                f"{gpu}, backend={self.backend}, kernels={self.kernels}, "
+                f"replicate_below_bytes={self.replicate_below_bytes})")
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Context":
+        """Reads the context from ``env`` (default: ``os.environ``)."""
+        env = os.environ if env is None else env
+        world_size = _first_int(env, _SIZE_VARS, 1)
+        rank = _first_int(env, _RANK_VARS, 0)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise OptionError(f"rank {rank} does not fit world size {world_size}; "
+                              "start workers with 'python -m collective.launch -n N script.py'")
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+        gpu = visible.split(",")[0] if visible and visible != "-1" else None
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=_first_int(env, _LOCAL_RANK_VARS, rank),
+            local_size=_first_int(env, _LOCAL_SIZE_VARS, world_size),
+            backend=_choice(env, "COLLECTIVE_STRATEGY", BACKENDS, "hb"),
+            kernels=_choice(env, "COLLECTIVE_KERNELS", KERNELS, "tf"),
+            replicate_below_bytes=_nonnegative_int(env, "COLLECTIVE_REPLICATE_BELOW_BYTES", 0),
+            hb_comm_default=env.get("HB_COMM_DEFAULT", "NCCL"),
+            hb_comm_pool_capacity=_first_int(env, ("HB_COMM_POOL_CAPACITY",), 1),
+            gpu=gpu,
+        )
+
+
+_context: Optional[Context] = None
+
+
+def get() -> Context:
+    """The context of this process, read from the environment on first use."""
+    global _context
+    if _context is None:
+        _context = Context.from_env()
+    return _context
+
+
+def reset() -> None:
+    """Forgets the cached context so the next :func:`get` reads the environment again."""
+    global _context
+    _context = None

@@ -1,0 +1,297 @@
+"""Starts one worker process per device: ``python -m collective.launch``.
+
+    python -m collective.launch [-n N] [--hosts HOST:SLOTS,...] SCRIPT [ARGS...]
+    python -m collective.launch [-n N] -m MODULE [ARGS...]
+
+On one host it starts a Horovod Gloo rendezvous bound to loopback and N
+worker processes with Horovod's rank and size variables, one GPU each where
+there are GPUs, and TensorFlow's thread pools split between them. Every
+output line is prefixed with its worker's rank. When a worker fails the others
+are stopped and the launcher exits with that worker's code; Ctrl-C stops
+everything. With ``--hosts`` the job is handed to ``horovodrun`` with the same
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+logger = logging.getLogger("collective.launch")
+
+# Seconds a worker gets to exit after SIGTERM before it is killed.
+_GRACE_SECONDS = 5.0
+_PASSED_THROUGH = ("COLLECTIVE_STRATEGY", "COLLECTIVE_KERNELS", "COLLECTIVE_REPLICATE_BELOW_BYTES",
+                   "HB_COMM_DEFAULT", "HB_COMM_POOL_CAPACITY")
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be started as asked."""
+
+
+def visible_gpus(env: Optional[Dict[str, str]] = None) -> List[str]:
+    """The GPUs workers may use: ``CUDA_VISIBLE_DEVICES`` if set, else what ``nvidia-smi`` lists."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in (x.strip() for x in visible.split(",")) if d and d != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def worker_count(requested: Optional[int], gpus: Sequence[str]) -> int:
+    """How many workers to start: ``-n`` if given, else one per GPU, else 1."""
+    if requested is not None:
+        if requested < 1:
+            raise LaunchError(f"-n {requested}: the number of workers must be at least 1")
+        return requested
+    if gpus:
+        return len(gpus)
+    logger.info("no GPU visible and no -n given: starting 1 worker (pass -n N for more CPU workers)")
+    return 1
+
+
+def worker_command(script: Optional[str], module: Optional[str], args: Sequence[str]) -> List[str]:
+    """The Python command line each worker runs; checks that the script exists."""
+    if module:
+        return [sys.executable, "-u", "-m", module, *args]
+    if not script:
+        raise LaunchError("nothing to run: give a script path (or -m MODULE) after the launcher's options")
+    if not os.path.isfile(script):
+        raise LaunchError(f"script {script!r} does not exist (looked in {os.getcwd()}); "
+                          "give the path of a Python file, or use -m MODULE")
+    return [sys.executable, "-u", script, *args]
+
+
+def worker_env(base: Dict[str, str], rank: int, size: int, gpus: Sequence[str], cores: int,
+               rendezvous_port: int) -> Dict[str, str]:
+    """The environment of worker ``rank`` of ``size`` on this host."""
+    env = dict(base)
+    threads = max(1, cores // size)
+    env.update({
+        "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(size),
+        "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+        "HOROVOD_HOSTNAME": "localhost",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": "lo",
+        "COLLECTIVE_RANK": str(rank), "COLLECTIVE_WORLD_SIZE": str(size),
+        "COLLECTIVE_LOCAL_RANK": str(rank), "COLLECTIVE_LOCAL_SIZE": str(size),
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(min(2, threads)),
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _start_rendezvous(size: int):
+    """A Horovod Gloo rendezvous server on loopback for ``size`` local slots."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
+    return server, port
+
+
+def _die_with_launcher() -> None:
+    """Runs in each worker before exec: the kernel kills it if the launcher dies (Linux)."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _pump(stream, rank: int, sink) -> None:
+    prefix = f"[{rank}] "
+    for line in iter(stream.readline, ""):
+        sink.write(prefix + line)
+        sink.flush()
+    stream.close()
+
+
+class Job:
+    """N local worker processes, watched together."""
+
+    def __init__(self, command: List[str], envs: List[Dict[str, str]]):
+        self.procs: List[subprocess.Popen] = []
+        self._threads: List[threading.Thread] = []
+        for rank, env in enumerate(envs):
+            # Each worker leads its own process group so that stopping it
+            # also stops whatever it started.
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+                                    preexec_fn=_die_with_launcher)
+            self.procs.append(proc)
+            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                t = threading.Thread(target=_pump, args=(stream, rank, sink), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def wait(self) -> int:
+        """Waits for every worker; on the first failure stops the rest. Returns the job's exit code."""
+        while True:
+            running = False
+            for rank, proc in enumerate(self.procs):
+                code = proc.poll()
+                if code is None:
+                    running = True
+                elif code != 0:
+                    exit_code = code if code > 0 else 128 - code
+                    logger.error("worker %d exited with code %d; stopping the other workers", rank, exit_code)
+                    self.stop()
+                    return exit_code
+            if not running:
+                self._drain()
+                return 0
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stops every worker still running: SIGTERM, then SIGKILL after a grace period."""
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_SECONDS
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:
+            # The group may outlive its leader: kill it whatever the leader did.
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        self._drain()
+
+    def _drain(self) -> None:
+        for t in self._threads:
+            t.join(timeout=2.0)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_local(command: List[str], size: int, gpus: Sequence[str]) -> int:
+    """Runs ``command`` as ``size`` workers on this host and returns the job's exit code."""
+    server, port = _start_rendezvous(size)
+    cores = os.cpu_count() or 1
+    base = dict(os.environ)
+    envs = [worker_env(base, rank, size, gpus, cores, port) for rank in range(size)]
+    logger.info("starting %d worker(s): %s", size, " ".join(shlex.quote(c) for c in command))
+    job = Job(command, envs)
+
+    def _interrupt(signum, _frame):
+        logger.error("received signal %d: stopping all workers", signum)
+        job.stop()
+        server.stop()
+        sys.exit(128 + signum)
+
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return job.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.stop()
+
+
+def horovodrun_command(command: List[str], size: int, hosts: str) -> List[str]:
+    """The ``horovodrun`` command line for a multi-host job."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(horovodrun):
+        horovodrun = "horovodrun"
+    return [horovodrun, "--gloo", "-np", str(size), "-H", hosts, *command]
+
+
+def total_slots(hosts: str) -> int:
+    """Sum of the slots in a ``HOST:SLOTS,...`` list."""
+    total = 0
+    for item in hosts.split(","):
+        name, _, slots = item.strip().partition(":")
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise LaunchError(f"--hosts entry {item!r} is not HOST:SLOTS (e.g. node1:4,node2:4)")
+        total += int(slots)
+    return total
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Splits the launcher's options from the worker command line.
+
+    Everything after the script path (or after ``-m MODULE``) belongs to the
+    script, even when it looks like an option.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m collective.launch",
+        usage="python -m collective.launch [-n N] [--hosts HOST:SLOTS,...] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Start one collective worker per device (GPU, or CPU slot with -n).")
+    parser.add_argument("-n", "--num-workers", type=int, default=None,
+                        help="number of workers (default: one per GPU in CUDA_VISIBLE_DEVICES, else 1)")
+    parser.add_argument("--hosts", default=None,
+                        help="HOST:SLOTS,... for a multi-host job, handed to horovodrun")
+    parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
+    own, rest = [], list(argv)
+    while rest:
+        token = rest[0]
+        if token in ("-n", "--num-workers", "--hosts", "-m") and len(rest) > 1:
+            own += rest[:2]
+            rest = rest[2:]
+            if token == "-m":
+                break
+        elif token.startswith("-") and token not in ("-", "--"):
+            own.append(rest.pop(0))
+        else:
+            if token == "--":
+                rest.pop(0)
+            break
+    args = parser.parse_args(own)
+    args.script = None if args.module else (rest.pop(0) if rest else None)
+    args.args = rest
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[launch] %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        command = worker_command(args.script, args.module, args.args)
+        if args.hosts:
+            size = args.num_workers if args.num_workers is not None else total_slots(args.hosts)
+            full = horovodrun_command(command, size, args.hosts)
+            logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
+            return subprocess.call(full, env=dict(os.environ))
+        gpus = visible_gpus()
+        size = worker_count(args.num_workers, gpus)
+        return run_local(command, size, gpus)
+    except LaunchError as err:
+        logger.error("%s", err)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

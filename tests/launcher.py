@@ -1,0 +1,36 @@
+"""Runs worker scripts through ``python -m collective.launch`` for tests."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
+
+
+def run_workers(script: str, n: int, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+                timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs ``tests/workers/<script>`` on ``n`` workers; with ``check`` a failure shows all output."""
+    path = script if os.path.isabs(script) else str(WORKERS / script)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), path, *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                             f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}")
+    return proc
+
+
+def load_rank_results(out_dir: pathlib.Path, n: int) -> List[Dict[str, np.ndarray]]:
+    """The ``rank<r>.npz`` files the workers wrote, in rank order."""
+    results = []
+    for r in range(n):
+        with np.load(out_dir / f"rank{r}.npz") as data:
+            results.append({k: data[k] for k in data.files})
+    return results

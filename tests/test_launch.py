@@ -1,0 +1,80 @@
+"""The launcher: worker environment, failure propagation, clean-up and bad arguments."""
+
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from collective import launch
+from launcher import run_workers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_failing_worker_stops_the_job_with_its_code(tmp_path):
+    start = time.monotonic()
+    proc = run_workers("exit_code.py", 3, [tmp_path], check=False, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, proc.stderr
+    assert elapsed < 20, f"launcher took {elapsed:.1f}s to stop the job"
+    assert "worker 1 exited with code 3" in proc.stderr
+    pids = [int(p) for r in range(3) for p in (tmp_path / f"pids{r}.txt").read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "workers or their children outlived the launcher"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_each_worker_gets_its_rank_and_the_strategy(n):
+    proc = run_workers("echo_env.py", n, env={"COLLECTIVE_STRATEGY": "sok", "CUDA_VISIBLE_DEVICES": ""})
+    lines = sorted(line for line in proc.stdout.splitlines() if "HOROVOD_RANK=" in line)
+    assert len(lines) == n
+    for r in range(n):
+        line = next(l for l in lines if l.startswith(f"[{r}] "))
+        assert f"HOROVOD_RANK={r} HOROVOD_SIZE={n} COLLECTIVE_STRATEGY=sok CUDA_VISIBLE_DEVICES= " in line
+        threads = int(re.search(r"TF_NUM_INTRAOP_THREADS=(\d+)", line).group(1))
+        assert threads == max(1, (os.cpu_count() or 1) // n)
+
+
+def test_missing_script_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no_such_script.py"
+    proc = run_workers(str(missing), 2, check=False, timeout=60)
+    assert proc.returncode == 2
+    assert f"script {str(missing)!r} does not exist" in proc.stderr
+
+
+def test_worker_count_defaults():
+    assert launch.worker_count(None, ["0", "1", "3"]) == 3
+    assert launch.worker_count(None, []) == 1
+    assert launch.worker_count(2, []) == 2
+    with pytest.raises(launch.LaunchError, match="at least 1"):
+        launch.worker_count(0, [])
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
+    assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    env = launch.worker_env({}, 1, 2, ["4", "5"], 8, 1234)
+    assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["TF_NUM_INTRAOP_THREADS"] == "4"
+
+
+def test_hosts_are_handed_to_horovodrun():
+    assert launch.total_slots("a:2,b:4") == 6
+    cmd = launch.horovodrun_command([sys.executable, "train.py"], 6, "a:2,b:4")
+    assert cmd[-2:] == [sys.executable, "train.py"]
+    assert cmd[1:6] == ["--gloo", "-np", "6", "-H", "a:2,b:4"]
+    with pytest.raises(launch.LaunchError, match="HOST:SLOTS"):
+        launch.total_slots("a")
