@@ -112,6 +112,15 @@ def _counted(outputs, sent_bytes: tf.Tensor):
         return tf.identity(outputs)
 
 
+def _grad_fn(grad):
+    """Lets a ``tf.custom_gradient`` gradient ignore variables read inside the op (the byte counter)."""
+    def wrapped(*dys, variables=None):
+        grads = grad(*dys)
+        return grads if variables is None else (grads, [None] * len(variables))
+
+    return wrapped
+
+
 def _share(nbytes: tf.Tensor, numerator: int, denominator: int) -> tf.Tensor:
     return nbytes * numerator // denominator
 
@@ -130,7 +139,7 @@ def allreduce(tensor: tf.Tensor, op: str = "average", name: Optional[str] = None
     def _allreduce(x):
         hvd = _hvd()
         y = hvd.allreduce(_unfoldable(x), op=hvd.Sum if op == "sum" else hvd.Average, name=name)
-        return _counted(y, _share(_nbytes(x), 2 * (n - 1), n)), lambda dy: allreduce(dy, op)
+        return _counted(y, _share(_nbytes(x), 2 * (n - 1), n)), _grad_fn(lambda dy: allreduce(dy, op))
 
     return _allreduce(tensor)
 
@@ -156,7 +165,7 @@ def grouped_allreduce(tensors: Sequence[tf.Tensor], op: str = "average") -> List
             for i, y in zip(indices, reduced):
                 ys[i] = y
         sent = tf.add_n([_share(_nbytes(x), 2 * (n - 1), n) for x in xs])
-        return _counted(tuple(ys), sent), lambda *dys: grouped_allreduce(list(dys), op)
+        return _counted(tuple(ys), sent), _grad_fn(lambda *dys: grouped_allreduce(list(dys), op))
 
     return list(_grouped(*tensors))
 
@@ -181,7 +190,7 @@ def allgather(tensor: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
             start = tf.reduce_sum(counts[:rank()])
             return allreduce(dy, "sum")[start:start + rows[0]]
 
-        return _counted(y, _nbytes(x) * (n - 1)), grad
+        return _counted(y, _nbytes(x) * (n - 1)), _grad_fn(grad)
 
     return _allgather(tensor)
 
@@ -210,7 +219,7 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None) -
         def grad(dy, _unused=None):
             return alltoall(dy, received)[0]
 
-        return (y, received), grad
+        return (y, received), _grad_fn(grad)
 
     y, received = _alltoall(tensor)
     return y, tf.stop_gradient(received)
@@ -241,19 +250,25 @@ def reducescatter(tensor: tf.Tensor, op: str = "sum", name: Optional[str] = None
             g = allgather(dy)
             return g / n if op == "average" else g
 
-        return _counted(y, _share(_nbytes(x), n - 1, n)), grad
+        return _counted(y, _share(_nbytes(x), n - 1, n)), _grad_fn(grad)
 
     return _reducescatter(tensor)
 
 
-def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """``tensor`` as it is on ``root_rank``, on every worker."""
+def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None, count: bool = True) -> tf.Tensor:
+    """``tensor`` as it is on ``root_rank``, on every worker.
+
+    ``count=False`` leaves the byte counter alone: variable initialisers
+    broadcast before local variables, the counter among them, exist.
+    """
     tensor = tf.convert_to_tensor(tensor)
     n = world_size()
     if n == 1:
         return tf.identity(tensor)
     hvd = _hvd()
     y = hvd.broadcast(_unfoldable(tensor), root_rank, name=name)
+    if not count:
+        return y
     # The same ops on every rank: Horovod names collectives after the graph's
     # op names, which rank-dependent construction would shift.
     sent = _nbytes(tensor) * (n - 1) * int(rank() == root_rank)

@@ -140,3 +140,9 @@ def reset() -> None:
     """Forgets the cached context so the next :func:`get` reads the environment again."""
     global _context
     _context = None
+
+
+def set(ctx: Context) -> None:  # pylint: disable=redefined-builtin
+    """Replaces this process's context (``CollectiveStrategy(backend=...)`` uses it)."""
+    global _context
+    _context = ctx

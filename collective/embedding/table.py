@@ -1,0 +1,104 @@
+"""Sharded tables: which rows a worker holds and how they are initialised.
+
+A sharded table is one logical ``[vocab, dim]`` table; worker ``r`` of ``N``
+holds rows ``i`` with ``i % N == r`` as a local variable of
+``rows_on(vocab, r, N)`` rows, local row ``i // N``. The local variable is an
+ordinary resource variable tagged with a :class:`ShardInfo`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+SHARDED_COLLECTION = "collective_sharded_tables"
+# Rows generated per step when a random initialiser fills a shard: the
+# logical table is produced block by block on every worker, each keeping its
+# rows, so the same seed gives the same table whatever the world size.
+INIT_BLOCK_ROWS = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """Where a worker's shard sits in its logical table."""
+
+    name: str
+    vocab: int
+    dim: int
+    rank: int
+    world_size: int
+
+    @property
+    def local_rows(self) -> int:
+        return rows_on(self.vocab, self.rank, self.world_size)
+
+    @property
+    def logical_shape(self):
+        return (self.vocab, self.dim)
+
+
+def rows_on(vocab: int, rank: int, world_size: int) -> int:
+    """How many of rows ``0..vocab-1`` satisfy ``row % world_size == rank``."""
+    return max(0, (vocab - rank + world_size - 1) // world_size)
+
+
+def shard_of(var: Any) -> Optional[ShardInfo]:
+    """The :class:`ShardInfo` of a sharded table's local variable, else None."""
+    return getattr(var, "_collective_shard", None)
+
+
+def tag(var: tf.Variable, info: ShardInfo) -> tf.Variable:
+    """Marks ``var`` as the local shard described by ``info``."""
+    var._collective_shard = info  # pylint: disable=protected-access
+    if not tf.executing_eagerly():
+        tf.compat.v1.add_to_collection(SHARDED_COLLECTION, var)
+    return var
+
+
+def _constant_value(initializer: Any) -> Optional[np.ndarray]:
+    value = getattr(initializer, "value", None)
+    if value is None or callable(value):
+        return None
+    return np.asarray(value)
+
+
+def _call_initializer(initializer: Callable, shape, dtype, full_shape) -> tf.Tensor:
+    try:
+        from tensorflow.python.ops.variable_scope import _PartitionInfo  # pylint: disable=import-outside-toplevel
+
+        # TF1 variance-scaling initialisers take their scale from the full shape.
+        return initializer(shape, dtype=dtype, partition_info=_PartitionInfo(list(full_shape), [0, 0]))
+    except TypeError:
+        return initializer(shape, dtype=dtype)
+
+
+def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType) -> tf.Tensor:
+    """The initial value of ``info``'s shard: rows ``rank::world_size`` of the logical table."""
+    dtype = tf.as_dtype(dtype)
+    constant = _constant_value(initializer)
+    if constant is not None:
+        if constant.shape == tuple(info.logical_shape):
+            return tf.constant(constant[info.rank::info.world_size], dtype=dtype)
+        if constant.ndim == 0:
+            return tf.fill([info.local_rows, info.dim], tf.constant(constant, dtype))
+    if info.world_size == 1:
+        return tf.convert_to_tensor(_call_initializer(initializer, [info.vocab, info.dim], dtype,
+                                                      info.logical_shape), dtype)
+    block = min(INIT_BLOCK_ROWS, info.vocab)
+    blocks = -(-info.vocab // block)
+
+    def body(b, parts):
+        values = tf.convert_to_tensor(_call_initializer(initializer, [block, info.dim], dtype, info.logical_shape),
+                                      dtype)
+        rows = tf.cast(b, tf.int64) * block + tf.range(block, dtype=tf.int64)
+        keep = tf.logical_and(rows % info.world_size == info.rank, rows < info.vocab)
+        return b + 1, parts.write(b, tf.boolean_mask(values, keep))
+
+    parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=tf.TensorShape([None, info.dim]))
+    _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts])
+    value = parts.concat()
+    value.set_shape([info.local_rows, info.dim])
+    return value

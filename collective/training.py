@@ -1,0 +1,117 @@
+"""Synchronous training inside ``CollectiveStrategy.scope()``.
+
+- Dense variables start equal on every worker: their initial value is rank
+  0's, broadcast as part of the initialiser (so plain sessions,
+  ``MonitoredTrainingSession`` and Estimators all get it, and a restore from
+  a checkpoint skips it).
+- ``tf.compat.v1.train.Optimizer.apply_gradients`` averages dense gradients
+  over workers with one grouped allreduce (sparse ones by allgather), and
+  divides the sharded tables' gradients by the world size: every worker's
+  loss is a mean over its own ``B / N`` examples, so this reproduces one
+  process training on the global batch. The learning rate is not rescaled.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.python.ops import variable_v1, variables
+from tensorflow.python.training import optimizer as optimizer_lib
+
+from collective import comm, patches
+from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, shard_of, tag
+
+_local = threading.local()
+
+
+class creating_shard:  # pylint: disable=invalid-name
+    """Marks the variable created inside the block as the shard ``info``."""
+
+    def __init__(self, info: ShardInfo):
+        self.info = info
+
+    def __enter__(self):
+        _local.shard = self.info
+
+    def __exit__(self, *exc):
+        _local.shard = None
+
+
+def _shard_owner(name: Optional[str]) -> Optional[ShardInfo]:
+    """The shard a variable named ``name`` belongs to (an optimizer slot of a sharded table)."""
+    if not name or tf.executing_eagerly():
+        return None
+    for table in tf.compat.v1.get_collection(SHARDED_COLLECTION):
+        info = shard_of(table)
+        if name.startswith(info.name + "/"):
+            return info
+    return None
+
+
+def _broadcast_initial_value(initial_value, dtype):
+    def broadcast():
+        value = initial_value() if callable(initial_value) else initial_value
+        return comm.broadcast(tf.convert_to_tensor(value, dtype=dtype), root_rank=0, count=False)
+
+    return broadcast
+
+
+def _create(original, next_creator, kwargs):
+    shard = getattr(_local, "shard", None)
+    name = kwargs.get("name")
+    slot_of = None if shard is not None else _shard_owner(name)
+    collections = kwargs.get("collections") or []
+    local = tf.compat.v1.GraphKeys.LOCAL_VARIABLES in collections
+    if (shard is None and slot_of is None and not local and comm.world_size() > 1
+            and kwargs.get("initial_value") is not None and kwargs.get("variable_def") is None):
+        dtype = kwargs.get("dtype")
+        kwargs = dict(kwargs, initial_value=_broadcast_initial_value(kwargs["initial_value"], dtype))
+    var = original(next_creator, **kwargs)
+    if slot_of is not None:
+        tag(var, ShardInfo(var.op.name if not tf.executing_eagerly() else name, slot_of.vocab, var.shape[-1],
+                           slot_of.rank, slot_of.world_size))
+    return var
+
+
+def broadcasting_creator_v1(next_creator=None, **kwargs):
+    """``variable_v1.default_variable_creator`` with rank 0's initial values."""
+    return _create(patches.original(variable_v1, "default_variable_creator"), next_creator, kwargs)
+
+
+def broadcasting_creator_v2(next_creator=None, **kwargs):
+    """``variables.default_variable_creator_v2`` with rank 0's initial values."""
+    return _create(patches.original(variables, "default_variable_creator_v2"), next_creator, kwargs)
+
+
+def average_gradients(grads_and_vars):
+    """Averages dense gradients over workers and scales sharded ones; returns new pairs."""
+    pairs = list(grads_and_vars)
+    n = comm.world_size()
+    if n == 1:
+        return pairs
+    dense_at, dense = [], []
+    for i, (grad, var) in enumerate(pairs):
+        if grad is None:
+            continue
+        if shard_of(var) is not None:
+            if isinstance(grad, tf.IndexedSlices):
+                pairs[i] = (tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape), var)
+            else:
+                pairs[i] = (grad / n, var)
+        elif isinstance(grad, tf.IndexedSlices):
+            values, indices = comm.allgather(grad.values), comm.allgather(grad.indices)
+            pairs[i] = (tf.IndexedSlices(values / n, indices, grad.dense_shape), var)
+        else:
+            dense_at.append(i)
+            dense.append(grad)
+    for i, reduced in zip(dense_at, comm.grouped_allreduce(dense, "average")):
+        pairs[i] = (reduced, pairs[i][1])
+    return pairs
+
+
+def averaging_apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """``Optimizer.apply_gradients`` on gradients averaged over workers."""
+    apply = patches.original(optimizer_lib.Optimizer, "apply_gradients")
+    return apply(self, average_gradients(grads_and_vars), global_step=global_step, name=name)

@@ -1,0 +1,97 @@
+"""Sharded tables under CollectiveStrategy on 1, 2 and 3 workers, both backends.
+
+Lookups are compared with numpy on the full logical table; training with the
+same model in plain single-process TensorFlow on the whole global batch.
+"""
+
+import numpy as np
+import pytest
+
+from launcher import load_rank_results, run_workers
+from workers import embedding_cases as cases
+
+BACKENDS = ["hb", "sok"]
+WORKERS = [1, 2, 3]
+
+
+def combine(table, rows, ids, weights, batch, combiner):
+    out = np.zeros((batch, table.shape[1]), np.float64)
+    for row in range(batch):
+        sel = rows == row
+        if not sel.any():
+            continue
+        w = weights[sel].astype(np.float64)
+        total = (table[ids[sel]] * w[:, None]).sum(0)
+        norm = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w ** 2).sum())}[combiner]
+        out[row] = total / norm
+    return out
+
+
+@pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in WORKERS],
+                ids=lambda p: f"{p[0]}-{p[1]}workers")
+def sharded_run(request, tmp_path_factory):
+    backend, n = request.param
+    out = tmp_path_factory.mktemp(f"emb-{backend}-{n}")
+    run_workers("embedding_worker.py", n, [out, backend, *cases.OPTIMIZERS])
+    return backend, n, load_rank_results(out, n)
+
+
+@pytest.fixture(scope="module")
+def reference_training():
+    batches = [cases.global_batch(step) for step in range(cases.STEPS)]
+    return {name: cases.train(name, batches) for name in cases.OPTIMIZERS}
+
+
+def test_each_worker_holds_its_rows_only(sharded_run):
+    _, n, res = sharded_run
+    full = cases.table_values(1)
+    for r in range(n):
+        np.testing.assert_array_equal(res[r]["table_shard"], full[r::n])
+
+
+def test_dense_lookups_equal_numpy(sharded_run):
+    _, n, res = sharded_run
+    table = cases.table_values(1)
+    for r in range(n):
+        dense, _, _ = cases.local_batch(0, r, n)
+        np.testing.assert_allclose(res[r]["dense"], table[dense], rtol=1e-6)
+        np.testing.assert_allclose(res[r]["dense_v1_int32"], table[dense], rtol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_sparse_lookups_equal_numpy(sharded_run, combiner):
+    _, n, res = sharded_run
+    table = cases.table_values(1)
+    for r in range(n):
+        dense, (rows, ids, weights), _ = cases.local_batch(0, r, n)
+        ones = np.ones_like(weights)
+        np.testing.assert_allclose(res[r][f"sparse_{combiner}"], combine(table, rows, ids, ones, len(dense), combiner),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"weighted_{combiner}"],
+                                   combine(table, rows, ids, weights, len(dense), combiner), rtol=1e-5, atol=1e-6)
+
+
+def test_safe_lookup_and_feature_column_equal_numpy(sharded_run):
+    _, n, res = sharded_run
+    for r in range(n):
+        dense, (rows, ids, weights), _ = cases.local_batch(0, r, n)
+        keep = (rows != 1) & (rows != 2)
+        expected = combine(cases.table_values(1), rows[keep], ids[keep], np.ones(keep.sum()), len(dense), "mean")
+        np.testing.assert_allclose(res[r]["safe_mean"], expected, rtol=1e-5, atol=1e-6)
+        expected = combine(cases.table_values(2), rows, ids, np.ones_like(weights), len(dense), "sqrtn")
+        np.testing.assert_allclose(res[r]["feature_column"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
+def test_training_matches_one_process_on_the_global_batch(sharded_run, reference_training, optimizer):
+    _, n, res = sharded_run
+    losses, (t1, t2), (w, b) = reference_training[optimizer]
+    worker_losses = np.mean([res[r][f"{optimizer}_losses"] for r in range(n)], axis=0)
+    np.testing.assert_allclose(worker_losses, losses, rtol=1e-5)
+    for r in range(n):
+        np.testing.assert_allclose(res[r][f"{optimizer}_t1"], t1[r::n], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_t2"], t2[r::n], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_w"], w, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_b"], b, rtol=1e-4, atol=1e-6)
+    # Training moved the tables: parity is not two untouched copies.
+    assert not np.allclose(t1, cases.table_values(1))

@@ -1,0 +1,108 @@
+"""One small model and its data, built the same way with and without collective.
+
+The workers build it inside ``CollectiveStrategy`` on their share of each
+global batch; the tests build it in plain single-process TensorFlow on the
+whole batch and compare.
+"""
+
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+VOCAB, DIM, BATCH, STEPS = 23, 4, 12, 3
+OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl", "UserSubclass")
+
+
+def table_values(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.5, (VOCAB, DIM)).astype(np.float32)
+
+
+def global_batch(step: int):
+    """Dense ids [B, 2], sparse ids as (rows, ids, weights) with 1-3 ids per row, labels [B, 1]."""
+    rng = np.random.default_rng(100 + step)
+    dense = rng.integers(0, VOCAB, (BATCH, 2))
+    dense[0, :] = 5  # a repeated id across rows and workers
+    lengths = rng.integers(1, 4, BATCH)
+    rows = np.repeat(np.arange(BATCH), lengths)
+    ids = rng.integers(0, VOCAB, rows.size)
+    weights = rng.uniform(0.5, 2.0, rows.size).astype(np.float32)
+    labels = rng.integers(0, 2, (BATCH, 1)).astype(np.float32)
+    return dense, (rows, ids, weights), labels
+
+
+def local_batch(step: int, rank: int, size: int):
+    """Worker ``rank``'s contiguous share of the global batch."""
+    dense, (rows, ids, weights), labels = global_batch(step)
+    per = BATCH // size
+    lo, hi = rank * per, (rank + 1) * per
+    keep = (rows >= lo) & (rows < hi)
+    return dense[lo:hi], (rows[keep] - lo, ids[keep], weights[keep]), labels[lo:hi]
+
+
+def make_optimizer(name: str):
+    if name == "GradientDescent":
+        return tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    if name == "Momentum":
+        return tf.compat.v1.train.MomentumOptimizer(0.3, 0.9)
+    if name == "Adagrad":
+        return tf.compat.v1.train.AdagradOptimizer(0.4)
+    if name == "Adam":
+        return tf.compat.v1.train.AdamOptimizer(0.05)
+    if name == "Ftrl":
+        return tf.compat.v1.train.FtrlOptimizer(0.3, l1_regularization_strength=0.001)
+    if name == "UserSubclass":
+        class HalvingSGD(tf.compat.v1.train.GradientDescentOptimizer):
+            """A user optimizer: plain SGD whose rate halves, inherited apply_gradients."""
+
+            def __init__(self):
+                super().__init__(0.8, name="HalvingSGD")
+
+        return HalvingSGD()
+    raise ValueError(name)
+
+
+def build_training(optimizer_name: str, strategy=None):
+    """Builds the model on placeholders; returns (loss, train_op, tables, dense_vars, feed)."""
+    embedding_scope = strategy.embedding_scope() if strategy is not None else contextlib.nullcontext()
+    dense_ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
+    sp_ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, 3])
+    sp_weights = tf.compat.v1.sparse_placeholder(tf.float32, [None, 3])
+    labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    with embedding_scope:
+        t1 = tf.compat.v1.get_variable("t1", [VOCAB, DIM], initializer=tf.compat.v1.constant_initializer(
+            table_values(1)))
+        t2 = tf.compat.v1.get_variable("t2", [VOCAB, DIM], initializer=tf.compat.v1.constant_initializer(
+            table_values(2)))
+    e1 = tf.reshape(tf.nn.embedding_lookup(t1, dense_ids), [-1, 2 * DIM])
+    e2 = tf.nn.embedding_lookup_sparse(t2, sp_ids, sp_weights, combiner="mean")
+    w = tf.compat.v1.get_variable("w", [3 * DIM, 1], initializer=tf.compat.v1.constant_initializer(
+        np.linspace(-0.3, 0.3, 3 * DIM).reshape(-1, 1)))
+    b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+    logits = tf.matmul(tf.nn.relu(tf.concat([e1, e2], 1)), w) + b
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    train_op = make_optimizer(optimizer_name).minimize(loss)
+
+    def feed(batch):
+        dense, (rows, ids, weights), lab = batch
+        return {dense_ids: dense, sp_ids: sparse_value(rows, ids, len(dense)),
+                sp_weights: sparse_value(rows, weights, len(dense)), labels: lab}
+
+    return loss, train_op, (t1, t2), (w, b), feed
+
+
+def sparse_value(rows, values, batch):
+    cols = np.zeros_like(rows)
+    for i in range(1, rows.size):
+        cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
+    return tf.compat.v1.SparseTensorValue(np.stack([rows, cols], 1).astype(np.int64), values, [batch, 3])
+
+
+def train(optimizer_name: str, batches, strategy=None):
+    """Runs the model over ``batches``; returns losses, final tables and dense weights."""
+    with tf.Graph().as_default():
+        loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy)
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            losses = [sess.run([loss, train_op], feed(batch))[0] for batch in batches]
+            return np.array(losses), sess.run(tables), sess.run(dense_vars)
