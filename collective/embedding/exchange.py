@@ -33,7 +33,7 @@ def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     bad = tf.boolean_mask(ids, tf.logical_not(valid))
     check = tf.debugging.Assert(
         tf.reduce_all(valid),
-        [f"embedding table '{info.name}' has {info.vocab} rows but got ids outside [0, {info.vocab}): "
+        [f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): "
          "fix the feature that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the "
          "ids before the lookup. First offending ids:", bad[:10]],
         summarize=10)

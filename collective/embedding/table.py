@@ -94,7 +94,7 @@ def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType)
         values = tf.convert_to_tensor(_call_initializer(initializer, [block, info.dim], dtype, info.logical_shape),
                                       dtype)
         rows = tf.cast(b, tf.int64) * block + tf.range(block, dtype=tf.int64)
-        keep = tf.logical_and(rows % info.world_size == info.rank, rows < info.vocab)
+        keep = tf.logical_and(tf.equal(rows % info.world_size, info.rank), rows < info.vocab)
         return b + 1, parts.write(b, tf.boolean_mask(values, keep))
 
     parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=tf.TensorShape([None, info.dim]))

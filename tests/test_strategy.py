@@ -1,0 +1,69 @@
+"""CollectiveStrategy's surface: the reference example, bad input, backend choice, scope hygiene."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from launcher import run_workers
+
+
+@pytest.mark.parametrize("backend", ["hb", "sok"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_reference_monitored_training_session_example(n, backend):
+    proc = run_workers("reference_mts.py", n, env={"COLLECTIVE_STRATEGY": backend})
+    for r in range(n):
+        lines = [l[len(f"[{r}] "):] for l in proc.stdout.splitlines() if l.startswith(f"[{r}] ")]
+        text = " ".join(lines)
+        numbers = [float(x) for x in re.findall(r"[-+]?\d+\.\d*", text)]
+        assert numbers[:18] == [1.0] * 18, text  # six rows of var_1, all ones
+        assert numbers[18] == 36.0, text         # sum(2 * emb)
+
+
+@pytest.mark.parametrize("backend", ["hb", "sok"])
+@pytest.mark.parametrize("mode, bad", [("negative", "-3"), ("too_large", "10")])
+def test_out_of_range_ids_name_the_table_and_stop_the_job(backend, mode, bad):
+    start = time.monotonic()
+    proc = run_workers("bad_input.py", 2, [mode, backend], check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "embedding table user_table has 10 rows but got ids outside [0, 10)" in proc.stderr
+    assert f"First offending ids:] [{bad}]" in proc.stderr
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("backend", ["hb", "sok"])
+def test_empty_batch_on_one_worker_does_not_hang(backend):
+    proc = run_workers("bad_input.py", 3, ["empty", backend], timeout=120)
+    assert "[2] rank 2 dense (0, 2) sparse (0, 2) sum 0.0" in proc.stdout
+    assert "[0] rank 0 dense (3, 2) sparse (3, 2) sum 6.0" in proc.stdout
+
+
+def test_unknown_backend_lists_the_choices():
+    from collective import CollectiveStrategy, UnknownBackendError
+
+    with pytest.raises(UnknownBackendError, match="backend 'nccl' is not one of hb, sok"):
+        CollectiveStrategy("nccl")
+
+
+def test_scope_restores_tensorflow_exactly():
+    import tensorflow as tf
+    from tensorflow.python.ops import embedding_ops, variable_v1, variables
+    from tensorflow.python.training import optimizer
+
+    from collective import CollectiveStrategy, patches
+
+    watched = [(embedding_ops, "embedding_lookup"), (embedding_ops, "embedding_lookup_sparse_impl"),
+               (tf.compat.v1.nn, "embedding_lookup"), (variable_v1, "default_variable_creator"),
+               (variables, "default_variable_creator_v2")]
+    before = [getattr(m, a) for m, a in watched] + [optimizer.Optimizer.__dict__["apply_gradients"]]
+    strategy = CollectiveStrategy()
+    with strategy.scope():
+        with strategy.scope():
+            inside = [getattr(m, a) for m, a in watched] + [optimizer.Optimizer.__dict__["apply_gradients"]]
+        assert patches.active()
+    after = [getattr(m, a) for m, a in watched] + [optimizer.Optimizer.__dict__["apply_gradients"]]
+    assert all(x is not y for x, y in zip(before, inside))
+    assert all(x is y for x, y in zip(before, after))
+    assert not patches.active()
+    np.testing.assert_equal(len(before), 6)
