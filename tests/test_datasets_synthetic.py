@@ -98,3 +98,15 @@ def test_logistic_regression_learns_the_teacher():
     best = auc(yt, teacher.logits(dense, ids, cardinalities(0.01)))
     assert learned < best + 0.01, (learned, best)
     print(f"logistic regression AUC {learned:.3f}, teacher AUC {best:.3f}")
+
+
+def test_command_lines_have_help(tmp_path, repo_root):
+    import subprocess
+    import sys
+    for module in ("datasets.synthetic", "datasets.movielens", "datasets.criteo"):
+        proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=repo_root, capture_output=True, text=True)
+        assert proc.returncode == 0 and "--out" in proc.stdout, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "datasets.synthetic", "--out", str(tmp_path), "--rows", "1000",
+                           "--files", "2"], cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in sorted(tmp_path.glob("*.parquet"))) == 1000

@@ -1,0 +1,34 @@
+"""python -m datasets.movielens SRC --out DIR: MovieLens (100k, 1m, 20m/25m/latest, tfds) -> Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional, Sequence
+
+from datasets.movielens import convert
+from datasets.movielens.convert import SPLITS
+from datasets.movielens.readers import FORMATS
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m datasets.movielens", description=__doc__)
+    parser.add_argument("src", help="unpacked MovieLens directory (or a tfds name with --format tfds)")
+    parser.add_argument("--out", required=True, help="output directory (created if missing)")
+    parser.add_argument("--format", choices=FORMATS, help="default: detected from the files in SRC")
+    parser.add_argument("--split", choices=SPLITS, default="random",
+                        help="random (by --seed) or time (each user's latest ratings go to test); default random")
+    parser.add_argument("--test-fraction", type=float, default=0.2, help="share of ratings in test (default 0.2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random split (default 0)")
+    parser.add_argument("--data-dir", help="tensorflow_datasets data directory (with --format tfds)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    summary = convert(args.src, args.out, fmt=args.format, split=args.split, test_fraction=args.test_fraction,
+                      seed=args.seed, data_dir=args.data_dir)
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

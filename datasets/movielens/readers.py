@@ -1,0 +1,153 @@
+"""Reads the GroupLens MovieLens releases into pandas frames with the original ids.
+
+Formats: ``100k`` (``u.data`` tab-separated, ``u.user``, ``u.item``), ``1m``
+(``ratings.dat``, ``users.dat``, ``movies.dat`` separated by ``::``) and
+``csv`` (20M, 25M, latest, latest-small: ``ratings.csv``, ``movies.csv``).
+``tfds`` reads ``movie_lens/*-ratings`` from tensorflow_datasets when it is
+installed and the data is already prepared locally; it never downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Optional
+
+import numpy as np
+import pandas as pd
+
+FORMATS = ("100k", "1m", "csv", "tfds")
+GENRES_100K = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
+               "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
+               "War", "Western")
+
+
+class MovieLensError(ValueError):
+    """A MovieLens directory or file that cannot be read; the message names it."""
+
+
+@dataclasses.dataclass
+class Release:
+    """Ratings (``user``, ``item``, ``rating``, ``timestamp``) and side tables where the release has them.
+
+    ``items`` has ``item``, ``title`` and ``genres`` (a list of names); ``users``
+    has ``user`` and, for 100k and 1m, ``gender``, ``age``, ``occupation``.
+    """
+
+    ratings: pd.DataFrame
+    users: Optional[pd.DataFrame] = None
+    items: Optional[pd.DataFrame] = None
+    format: str = ""
+
+
+def detect_format(path: str) -> str:
+    """``100k``, ``1m`` or ``csv`` from the files in directory ``path``."""
+    for name, fmt in (("u.data", "100k"), ("ratings.dat", "1m"), ("ratings.csv", "csv")):
+        if os.path.isfile(os.path.join(path, name)):
+            return fmt
+    raise MovieLensError(f"{path!r} holds none of u.data (100k), ratings.dat (1m) or ratings.csv (20m/25m/latest); "
+                         "point at the unpacked MovieLens directory")
+
+
+def _need(path: str, name: str) -> str:
+    full = os.path.join(path, name)
+    if not os.path.isfile(full):
+        raise MovieLensError(f"{full!r} does not exist; the MovieLens directory looks incomplete")
+    return full
+
+
+def _optional(path: str, name: str) -> Optional[str]:
+    full = os.path.join(path, name)
+    return full if os.path.isfile(full) else None
+
+
+def _check_columns(frame: pd.DataFrame, file: str, expected: int) -> pd.DataFrame:
+    if frame.shape[1] != expected or frame.isna().any().any():
+        bad = int(np.flatnonzero(frame.isna().any(axis=1).to_numpy())[0]) + 1 if frame.isna().any().any() else 1
+        raise MovieLensError(f"{file!r} line {bad}: expected {expected} fields per line; is this the right release?")
+    return frame
+
+
+def read_100k(path: str) -> Release:
+    """MovieLens 100k: ``u.data`` (user, item, rating, timestamp) plus ``u.user`` and ``u.item``."""
+    file = _need(path, "u.data")
+    ratings = _check_columns(pd.read_csv(file, sep="\t", header=None, engine="c"), file, 4)
+    ratings.columns = ["user", "item", "rating", "timestamp"]
+    users = items = None
+    if (f := _optional(path, "u.user")) is not None:
+        users = pd.read_csv(f, sep="|", header=None, names=["user", "age", "gender", "occupation", "zip"],
+                            encoding="latin-1")
+    if (f := _optional(path, "u.item")) is not None:
+        raw = pd.read_csv(f, sep="|", header=None, encoding="latin-1")
+        flags = raw.iloc[:, 5:5 + len(GENRES_100K)].to_numpy().astype(bool)
+        genres = [[GENRES_100K[j] for j in np.flatnonzero(row)] for row in flags]
+        items = pd.DataFrame({"item": raw[0], "title": raw[1], "genres": genres})
+    return Release(ratings, users, items, "100k")
+
+
+def _read_colons(file: str, names: List[str]) -> pd.DataFrame:
+    """A ``::``-separated file whose fields hold no ``:`` (ratings.dat, users.dat), with the fast C parser."""
+    raw = pd.read_csv(file, sep=":", header=None, engine="c", encoding="latin-1")
+    if raw.shape[1] != 2 * len(names) - 1:
+        raise MovieLensError(f"{file!r}: expected {len(names)} fields separated by '::'")
+    frame = raw.iloc[:, ::2]
+    frame.columns = names
+    return _check_columns(frame.reset_index(drop=True), file, len(names))
+
+
+def read_1m(path: str) -> Release:
+    """MovieLens 1M: ``ratings.dat`` plus ``users.dat`` and ``movies.dat``."""
+    ratings = _read_colons(_need(path, "ratings.dat"), ["user", "item", "rating", "timestamp"])
+    users = items = None
+    if (f := _optional(path, "users.dat")) is not None:
+        users = _read_colons(f, ["user", "gender", "age", "occupation", "zip"])
+    if (f := _optional(path, "movies.dat")) is not None:
+        raw = pd.read_csv(f, sep="::", header=None, engine="python", encoding="latin-1",
+                          names=["item", "title", "genres"])
+        items = raw.assign(genres=raw["genres"].str.split("|"))
+    return Release(ratings, users, items, "1m")
+
+
+def read_csv(path: str) -> Release:
+    """MovieLens 20M/25M/latest: ``ratings.csv`` plus ``movies.csv``."""
+    file = _need(path, "ratings.csv")
+    ratings = pd.read_csv(file, engine="c")
+    expected = ["userId", "movieId", "rating", "timestamp"]
+    if list(ratings.columns) != expected:
+        raise MovieLensError(f"{file!r} has columns {list(ratings.columns)}, expected {expected}")
+    ratings.columns = ["user", "item", "rating", "timestamp"]
+    items = None
+    if (f := _optional(path, "movies.csv")) is not None:
+        raw = pd.read_csv(f, engine="c")
+        items = pd.DataFrame({"item": raw["movieId"], "title": raw["title"],
+                              "genres": raw["genres"].str.split("|")})
+    return Release(ratings, None, items, "csv")
+
+
+def read_tfds(name: str = "movie_lens/100k-ratings", data_dir: Optional[str] = None) -> Release:
+    """``tensorflow_datasets``' ``name`` if installed and already prepared under ``data_dir``; never downloads."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise MovieLensError("tensorflow_datasets is not installed; install the 'tfds' extra "
+                             "or read the GroupLens files directly") from None
+    builder = tfds.builder(name, data_dir=data_dir)
+    if not os.path.isdir(builder.data_dir) or not os.listdir(builder.data_dir):
+        raise MovieLensError(f"{name} is not prepared in {builder.data_dir!r}; this reader never downloads")
+    frame = tfds.as_dataframe(builder.as_dataset(split="train", shuffle_files=False))
+    ratings = pd.DataFrame({"user": frame["user_id"].map(lambda b: b.decode()),
+                            "item": frame["movie_id"].map(lambda b: b.decode()),
+                            "rating": frame["user_rating"].astype(np.float32),
+                            "timestamp": frame["timestamp"].astype(np.int64)})
+    return Release(ratings, None, None, "tfds")
+
+
+def read(path: str, fmt: Optional[str] = None, data_dir: Optional[str] = None) -> Release:
+    """The release in directory ``path`` (or the tfds name ``path`` with ``fmt='tfds'``)."""
+    fmt = fmt or detect_format(path)
+    readers = {"100k": read_100k, "1m": read_1m, "csv": read_csv}
+    if fmt == "tfds":
+        return read_tfds(path, data_dir)
+    if fmt not in readers:
+        raise MovieLensError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    return readers[fmt](path)
