@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Optional
 
@@ -70,8 +71,9 @@ def _create(original, next_creator, kwargs):
         kwargs = dict(kwargs, initial_value=_broadcast_initial_value(kwargs["initial_value"], dtype))
     var = original(next_creator, **kwargs)
     if slot_of is not None:
-        tag(var, ShardInfo(var.op.name if not tf.executing_eagerly() else name, slot_of.vocab, var.shape[-1],
-                           slot_of.rank, slot_of.world_size))
+        # A slot keeps everything about its table's layout (vocabulary, rank, hash index) but its own name/dim.
+        tag(var, dataclasses.replace(slot_of, name=var.op.name if not tf.executing_eagerly() else name,
+                                     dim=int(var.shape[-1])))
     return var
 
 
