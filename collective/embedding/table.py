@@ -30,9 +30,15 @@ class ShardInfo:
     dim: int
     rank: int
     world_size: int
+    # Set for hash-table vocabularies: the per-worker key -> local row index
+    # (``collective.embedding.hash_table``). ``vocab`` is then the capacity
+    # summed over workers and local rows are the index's capacity.
+    hash_index: Any = None
 
     @property
     def local_rows(self) -> int:
+        if self.hash_index is not None:
+            return int(self.hash_index.capacity)
         return rows_on(self.vocab, self.rank, self.world_size)
 
     @property
