@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from collective import comm, context, patches
+from collective import comm, context, modes, patches
 from collective.embedding.table import ShardInfo, rows_on, shard_initial_value, tag
 from collective.training import creating_shard
 
@@ -76,6 +76,18 @@ class CollectiveStrategy:
                                          auxiliary_name_scope=False):
             yield
 
+    def estimator(self, model_fn, model_dir, config=None, params=None):
+        """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.estimator``)."""
+        from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
+
+        return build_estimator(self, model_fn, model_dir, config=config, params=params)
+
+    def export_saved_model(self, export_dir_base, checkpoint_path, signature_def_fn):
+        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (see ``collective.export``)."""
+        from collective.export import export_saved_model  # pylint: disable=import-outside-toplevel
+
+        return export_saved_model(export_dir_base, checkpoint_path, signature_def_fn)
+
     def __repr__(self) -> str:
         return f"CollectiveStrategy(backend={self.backend!r}, rank={self.rank()}, world_size={self.world_size()})"
 
@@ -84,7 +96,7 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
     def sharding_getter(getter, name, shape=None, dtype=None, initializer=None, partitioner=None, **kwargs):
         dtype = tf.as_dtype(dtype or tf.float32)
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
-        if (static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size
+        if (modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size
                 or static.num_elements() * dtype.size < replicate_below_bytes):
             return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
                                **kwargs)
