@@ -102,11 +102,11 @@ def test_sharding_modes_follow_files_then_row_groups(tmp_path):
     assert cd.shard_of(paths, rank=1, world_size=3) == [(paths[0], 1)]
 
 
-def test_sharding_through_launched_workers(tmp_path):
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_sharding_through_launched_workers(tmp_path, n):
     data = tmp_path / "data"
     data.mkdir()
-    _, total = write_files(data)
-    n = 3  # three files of 10, 7 and 12 rows in row groups of 4: uneven shares by row group
+    _, total = write_files(data)  # three files of 10, 7 and 12 rows in row groups of 4: uneven shares for n = 2, 3
     out = tmp_path / "out"
     out.mkdir()
     run_workers("data_shard_worker.py", n, [data, out, "auto"], timeout=120)

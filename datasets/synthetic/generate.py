@@ -43,14 +43,24 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
 
 
 def zipf_ranks(rng: np.random.Generator, rows: int, n: int, exponent: float) -> np.ndarray:
-    """``rows`` ranks in ``[0, n)`` from a continuous power law with ``exponent`` (inverse CDF)."""
+    """``rows`` ranks in ``[0, n)`` from a continuous power law with ``exponent`` (inverse CDF), as int64."""
+    return _zipf_ranks(rng, rows, n, exponent).astype(np.int64, copy=False)
+
+
+def _zipf_ranks(rng: np.random.Generator, rows: int, n: int, exponent: float) -> np.ndarray:
+    """:func:`zipf_ranks` in int32 where ``n`` allows (an index only), computed in place."""
     u = rng.random(rows, dtype=np.float32)
     if abs(exponent - 1.0) < 1e-9:
-        x = np.exp(u * np.float32(math.log(n + 1.0)))
+        u *= np.float32(math.log(n + 1.0))
+        np.exp(u, out=u)
     else:
         e = 1.0 - exponent
-        x = (np.float32(math.pow(n + 1.0, e) - 1.0) * u + np.float32(1.0)) ** np.float32(1.0 / e)
-    return np.minimum(x.astype(np.int64) - 1, n - 1)
+        u *= np.float32(math.pow(n + 1.0, e) - 1.0)
+        u += np.float32(1.0)
+        np.power(u, np.float32(1.0 / e), out=u)
+    x = u.astype(np.int32 if n < 2**31 - 1 else np.int64)
+    x -= 1
+    return np.minimum(x, n - 1, out=x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +126,14 @@ def _features(rng: np.random.Generator, rows: int, cards: Sequence[int],
     dense[rng.random(dense.shape, dtype=np.float32) < 0.1] = 0.0
     ids = []
     for t, n in enumerate(cards):
-        ranks = zipf_ranks(rng, rows, n, zipf)
-        ids.append((ranks * _SCATTER + 977 * t) % n)
+        ids.append(_scatter_table(t, n)[_zipf_ranks(rng, rows, n, zipf)])
     return dense, ids
+
+
+@functools.lru_cache(maxsize=64)
+def _scatter_table(table: int, n: int) -> np.ndarray:
+    """The id of each rank of ``table``: ``(rank * _SCATTER + 977 * table) % n``, tabulated (a gather beats int64 %)."""
+    return (np.arange(n, dtype=np.int64) * _SCATTER + 977 * table) % n
 
 
 def generate_table(rows: int, *, scale: float = 0.01, seed: int = 0, zipf: float = 1.1,

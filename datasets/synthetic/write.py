@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 from typing import List
@@ -28,16 +29,34 @@ def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, se
         raise ValueError(f"row_group_size={row_group_size} must be at least 1")
     os.makedirs(out_dir, exist_ok=True)
     teacher = Teacher.create(teacher_seed, scale=scale, zipf=zipf)
-    paths = []
+    chunks = []  # (file, stream, rows) in writing order
     for f in range(files):
         file_rows = rows // files + (1 if f < rows % files else 0)
-        path = os.path.join(out_dir, f"part-{f:05d}.parquet")
-        with pq.ParquetWriter(path, schema.arrow_schema(), compression=compression) as writer:
-            for chunk, start in enumerate(range(0, file_rows, row_group_size)):
-                n = min(row_group_size, file_rows - start)
-                writer.write_table(generate_table(n, scale=scale, seed=seed, zipf=zipf, teacher=teacher,
-                                                  stream=f * 1_000_003 + chunk),
-                                   row_group_size=row_group_size)
-        paths.append(path)
+        for chunk, start in enumerate(range(0, file_rows, row_group_size)):
+            chunks.append((f, f * 1_000_003 + chunk, min(row_group_size, file_rows - start)))
+    paths = [os.path.join(out_dir, f"part-{f:05d}.parquet") for f in range(files)]
+    writers = {}
+
+    def make(chunk):
+        return generate_table(chunk[2], scale=scale, seed=seed, zipf=zipf, teacher=teacher, stream=chunk[1])
+
+    # numpy and Parquet encoding both release the GIL: the next chunk is generated while this one is written.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            pending = pool.submit(make, chunks[0]) if chunks else None
+            for i, chunk in enumerate(chunks):
+                table = pending.result()
+                pending = pool.submit(make, chunks[i + 1]) if i + 1 < len(chunks) else None
+                if chunk[0] not in writers:
+                    writers[chunk[0]] = pq.ParquetWriter(paths[chunk[0]], schema.arrow_schema(),
+                                                         compression=compression,
+                                                         use_dictionary=list(schema.CATEGORICAL))
+                writers[chunk[0]].write_table(table, row_group_size=row_group_size)
+        finally:
+            for writer in writers.values():
+                writer.close()
+    for f, path in enumerate(paths):
+        if f not in writers:  # a file with no rows still gets the schema
+            pq.ParquetWriter(path, schema.arrow_schema(), compression=compression).close()
     logger.info("wrote %d synthetic rows to %d file(s) in %s", rows, files, out_dir)
     return paths
