@@ -1,0 +1,85 @@
+"""How a sharded table's rows move between its in-memory and on-disk layouts.
+
+In memory worker ``r`` of ``N`` holds rows ``i % N == r`` (local row
+``i // N``). On disk a table is one ``[vocab, dim]`` tensor stored as ``N``
+contiguous row blocks, block ``s`` written by worker ``s`` as a slice: rows
+``[vocab * s // N, vocab * (s + 1) // N)``. Saving re-lays the rows with one
+alltoall (each worker then holds only its block); restoring under ``M``
+workers reads the stored blocks one at a time and keeps rows
+``i % M == rank``, so no worker ever holds more than its own shard plus one
+stored block.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import tensorflow as tf
+from tensorflow.python.ops import io_ops
+
+from collective import comm
+from collective.embedding.table import ShardInfo
+
+
+def block_bounds(rows: int, world_size: int) -> List[int]:
+    """Row bounds of the ``world_size`` contiguous blocks of a ``rows``-row table."""
+    return [rows * s // world_size for s in range(world_size + 1)]
+
+
+def slice_spec(shape, start, length) -> tf.Tensor:
+    """SaveV2/RestoreV2 spec of rows ``[start, start + length)`` of a ``shape`` tensor (scalars may be tensors)."""
+    dims = [tf.strings.as_string(tf.cast(d, tf.int64)) for d in shape]
+    rows = tf.strings.join([tf.strings.as_string(tf.cast(start, tf.int64)),
+                            tf.strings.as_string(tf.cast(length, tf.int64))], ",")
+    rest = ["-"] * (len(shape) - 1)
+    return tf.strings.join([tf.strings.join(dims, " "), tf.strings.join([rows] + rest, ":")], " ")
+
+
+def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
+    """This worker's contiguous on-disk block, gathered from every worker's mod-sharded rows.
+
+    ``local`` is this worker's shard ``[rows_on(vocab, rank, N), dim]``; the
+    result is rows ``block_bounds(vocab, N)[rank:rank + 2]`` of the logical
+    table. One alltoall: the rows a worker holds are sorted by id, so they
+    are already grouped by destination block.
+    """
+    n, r = info.world_size, info.rank
+    local = tf.convert_to_tensor(local)
+    if n == 1:
+        return tf.identity(local)
+    bounds = block_bounds(info.vocab, n)
+    ids = tf.range(tf.shape(local, out_type=tf.int64)[0], dtype=tf.int64) * n + r
+    owner = tf.searchsorted(tf.constant(bounds[1:], tf.int64), ids, side="right", out_type=tf.int32)
+    splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
+    received, _ = comm.alltoall(local, splits)
+    # Rows arrive grouped by sender (id % n), ascending within a sender.
+    block_ids = tf.range(bounds[r], bounds[r + 1], dtype=tf.int64)
+    arrival = tf.argsort(block_ids % n, stable=True)
+    return tf.gather(received, tf.math.invert_permutation(arrival))
+
+
+def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape, dtype: tf.DType,
+                 rank: int, world_size: int) -> tf.Tensor:
+    """Rows ``i % world_size == rank`` of the stored tensor ``key``, read one stored block at a time.
+
+    ``row_splits`` (int64 ``[blocks + 1]``) are the bounds of the blocks as
+    stored; ``full_shape`` the stored tensor's shape (its first entry may be
+    a tensor). Reading whole stored slices means each is read exactly once.
+    """
+    full_shape = list(full_shape)
+    blocks = tf.size(row_splits) - 1
+    row_shape = tf.TensorShape([None]).concatenate(tf.TensorShape(
+        [d if isinstance(d, int) else None for d in full_shape[1:]]))
+
+    def body(b, parts):
+        lo, hi = row_splits[b], row_splits[b + 1]
+        spec = slice_spec(full_shape, lo, hi - lo)
+        values = io_ops.restore_v2(prefix, [key], tf.reshape(spec, [1]), [dtype])[0]
+        first = tf.math.floormod(rank - lo, world_size)
+        take = tf.range(first, hi - lo, world_size, dtype=tf.int64)
+        return b + 1, parts.write(b, tf.gather(values, take))
+
+    parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=row_shape)
+    _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts],
+                             parallel_iterations=1)
+    return tf.cond(blocks > 0, parts.concat, lambda: tf.zeros([0] + full_shape[1:], dtype))

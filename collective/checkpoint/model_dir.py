@@ -1,0 +1,138 @@
+"""Checks on a model directory and on a checkpoint against the model being built.
+
+A checkpoint is compared by logical shapes: a sharded table is checked as
+its whole ``[vocab, dim]`` table whatever the world size, so a model_dir
+written by a different model (other table sizes) fails before training
+starts, naming the variable and both shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Dict, Iterable, Mapping, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.ops import variables as variables_lib
+from tensorflow.python.training.saving import saveable_object_util
+
+from collective.embedding.table import shard_of
+
+Shape = Tuple[Optional[int], ...]
+
+
+class ModelDirError(ValueError):
+    """The model directory cannot be used (it cannot be created or written)."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not hold the variables of the model being built."""
+
+
+def checkpoint_key(var) -> str:
+    """The name a variable is saved under (what ``tf.compat.v1.train.Saver`` uses)."""
+    return var.op.name if hasattr(var, "op") else var.name
+
+
+def _slice_full_shape(slice_spec: str) -> Shape:
+    return tuple(int(d) for d in slice_spec.split(" ")[:-1])
+
+
+def model_shapes(sharded: Iterable, saveables: Iterable) -> Dict[str, Shape]:
+    """Logical shape of every key the model saves; ``None`` marks a size only the checkpoint knows."""
+    shapes: Dict[str, Shape] = {}
+    for var in sharded:
+        info = shard_of(var)
+        rows = None if info.hash_index is not None else info.vocab
+        shapes[checkpoint_key(var)] = (rows, info.dim)
+    for saveable in saveables:
+        for spec in saveable.specs:
+            if spec.slice_spec:
+                shapes[spec.name] = _slice_full_shape(spec.slice_spec)
+            else:
+                tensor = spec.tensor
+                shapes[spec.name] = tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else None
+    return shapes
+
+
+def split_var_list(var_list=None):
+    """``(sharded variables, saveables of everything else)`` for ``var_list`` (default: all saveables)."""
+    if var_list is None:
+        var_list = variables_lib._all_saveable_objects()  # pylint: disable=protected-access
+    if isinstance(var_list, Mapping):
+        items = list(var_list.items())
+    else:
+        items = [(None, v) for v in var_list]
+    sharded = [v for _, v in items if shard_of(v) is not None]
+    rest = [(k, v) for k, v in items if shard_of(v) is None]
+    if not rest:
+        return sharded, []
+    if rest[0][0] is not None:
+        names_to_saveables = dict(rest)
+    else:
+        names_to_saveables = saveable_object_util.op_list_to_dict([v for _, v in rest])
+    return sharded, saveable_object_util.validate_and_slice_inputs(names_to_saveables)
+
+
+def check_shapes(expected: Mapping[str, Shape], checkpoint_path: str) -> Dict[str, list]:
+    """Raises :class:`CheckpointMismatchError` unless the checkpoint holds every key with its shape.
+
+    Returns the checkpoint's shape map.
+    """
+    found = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
+    missing = sorted(k for k in expected if k not in found)
+    for key in sorted(expected):
+        want, have = expected[key], found.get(key)
+        if have is None or want is None:
+            continue
+        if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
+            raise CheckpointMismatchError(
+                f"checkpoint {checkpoint_path} was written by a different model: variable '{key}' has shape "
+                f"{_fmt(want)} in this model but {_fmt(tuple(have))} in the checkpoint. Use a new model_dir "
+                "for this model, or build the model with the shapes it was trained with.")
+    if missing:
+        raise CheckpointMismatchError(
+            f"checkpoint {checkpoint_path} was written by a different model: it lacks "
+            f"{len(missing)} variable(s) of this model: {', '.join(missing[:10])}. Use a new model_dir for "
+            "this model.")
+    return found
+
+
+def _fmt(shape: Shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def check_model_dir(model_dir: str, var_list=None) -> Optional[str]:
+    """Fails early on a model_dir training cannot use; returns its latest checkpoint (or None).
+
+    Checks that ``model_dir`` can be created and written (a small file is
+    written and removed), then, when it holds a checkpoint and the model's
+    variables exist (``var_list``, default: every saveable object of the
+    default graph), that the checkpoint holds them with the same logical
+    shapes. Every worker may call it: nothing collective runs.
+
+    Raises:
+      ModelDirError: the directory cannot be created or written.
+      CheckpointMismatchError: its checkpoint belongs to a different model
+        (names the variable and both shapes).
+    """
+    model_dir = os.fspath(model_dir)
+    try:
+        tf.io.gfile.makedirs(model_dir)
+        probe = os.path.join(model_dir, f".collective-write-test-{uuid.uuid4().hex}")
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as err:
+        raise ModelDirError(f"model_dir {model_dir!r} is not writable ({type(err).__name__}: "
+                            f"{getattr(err, 'message', err)}); pass a directory this user can create and "
+                            "write") from err
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None:
+        return None
+    if var_list is None and not tf.executing_eagerly():
+        var_list = variables_lib._all_saveable_objects()  # pylint: disable=protected-access
+    if var_list:
+        sharded, saveables = split_var_list(var_list)
+        check_shapes(model_shapes(sharded, saveables), latest)
+    return latest

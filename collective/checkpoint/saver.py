@@ -1,0 +1,274 @@
+"""A ``tf.compat.v1.train.Saver`` whose checkpoints hold whole logical tables.
+
+Every worker calls :meth:`Saver.save` at the same steps (it runs
+collectives). A save is all-or-nothing:
+
+1. each worker re-lays its shards into contiguous row blocks (one alltoall
+   per tensor) and writes them as slices of the full ``[vocab, dim]``
+   tensors into its own temporary part; rank 0 also writes the replicated
+   variables once, and each sharded tensor's stored row bounds under
+   ``_collective/row_splits/<name>``;
+2. a barrier; if any worker failed, every worker raises;
+3. rank 0 merges the parts into the checkpoint (``MergeV2Checkpoints``) and
+   only then updates the ``checkpoint`` state file, so a crash before this
+   point leaves the previous checkpoint the latest and usable;
+4. a second barrier, so ``save`` returns on every worker once the
+   checkpoint is complete.
+
+:meth:`Saver.restore` needs no collective: each worker reads the stored
+blocks one at a time and keeps its rows, so a checkpoint written by N
+workers restores under any M. A plain single-process ``Saver`` over
+full-size variables reads the same files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import saver_pb2
+from tensorflow.python.checkpoint import checkpoint_management
+from tensorflow.python.ops import io_ops
+from tensorflow.python.training import saver as saver_lib
+from tensorflow.python.training import training_util
+from tensorflow.python.util import compat
+
+from collective import comm
+from collective.checkpoint import layout
+from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, split_var_list
+from collective.embedding.table import shard_of
+
+logger = logging.getLogger("collective.checkpoint")
+
+ROW_SPLITS_SCOPE = "_collective/row_splits/"
+
+
+class CheckpointError(RuntimeError):
+    """A worker failed while a checkpoint was being written; the previous one stays the latest."""
+
+
+def row_splits_key(key: str) -> str:
+    """The checkpoint key holding the stored row bounds of the sharded tensor ``key``."""
+    return ROW_SPLITS_SCOPE + key
+
+
+def stored_row_splits(reader, shapes, key: str) -> np.ndarray:
+    """Row bounds of the blocks ``key`` is stored in (one block when no bounds were written)."""
+    splits_key = row_splits_key(key)
+    if reader.has_tensor(splits_key):
+        return np.asarray(reader.get_tensor(splits_key), np.int64)
+    return np.array([0, shapes[key][0]], np.int64)
+
+
+class Saver(saver_lib.Saver):
+    """Saves and restores sharded tables as whole logical tables; see the module docstring.
+
+    Takes ``tf.compat.v1.train.Saver``'s arguments; ``sharded``, ``reshape``,
+    ``builder``, ``saver_def``, ``restore_sequentially`` and ``filename`` are
+    accepted and ignored (the layout is always this one). Build it the same
+    way on every worker.
+    """
+
+    def __init__(self, var_list=None, max_to_keep=5, keep_checkpoint_every_n_hours=10000.0, name=None,
+                 defer_build=False, allow_empty=False, pad_step_number=False, save_relative_paths=False,
+                 **ignored):
+        if ignored.get("saver_def") is not None:
+            raise ValueError("collective.checkpoint.Saver builds its own ops; it cannot be made from a saver_def")
+        self._sharded_vars: List = []
+        super().__init__(var_list=var_list, max_to_keep=max_to_keep,
+                         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, name=name,
+                         defer_build=defer_build, allow_empty=allow_empty, pad_step_number=pad_step_number,
+                         save_relative_paths=save_relative_paths, sharded=True)
+
+    # ------------------------------------------------------------------ build
+
+    def _build(self, checkpoint_path, build_save, build_restore):  # pylint: disable=unused-argument
+        if tf.executing_eagerly():
+            raise RuntimeError("collective.checkpoint.Saver works in graph mode (tf.compat.v1 graphs) only")
+        if self._is_built:
+            return
+        self._is_built = True
+        sharded, saveables = split_var_list(self._var_list)
+        if not sharded and not saveables:
+            if self._allow_empty:
+                self._is_empty = True
+                return
+            raise ValueError("No variables to save")
+        self._is_empty = False
+        self._sharded_vars, self._saveables = sharded, saveables
+        self._expected_shapes = model_shapes(sharded, saveables)
+        with tf.name_scope(self._name or "collective_save"):
+            self._build_save_ops(sharded, saveables)
+            self._build_restore_ops(sharded, saveables)
+        self.saver_def = saver_pb2.SaverDef(
+            filename_tensor_name=self._restore_prefix.name, save_tensor_name=self._save_tensor.name,
+            restore_op_name=self._restore_op.name, max_to_keep=self._max_to_keep, sharded=True,
+            keep_checkpoint_every_n_hours=self._keep_checkpoint_every_n_hours,
+            version=saver_pb2.SaverDef.V2)
+        self._next_checkpoint_time = time.time() + self._keep_checkpoint_every_n_hours * 3600
+
+    def _build_save_ops(self, sharded, saveables):
+        self._part_prefix = tf.compat.v1.placeholder(tf.string, [], name="part_prefix")
+        self._replicated_prefix = tf.compat.v1.placeholder(tf.string, [], name="replicated_prefix")
+        names, specs, tensors = [], [], []
+        for var in sharded:
+            info = shard_of(var)
+            bounds = layout.block_bounds(info.vocab, info.world_size)
+            lo, hi = bounds[info.rank], bounds[info.rank + 1]
+            names.append(checkpoint_key(var))
+            specs.append(f"{info.vocab} {info.dim} {lo},{hi - lo}:-")
+            tensors.append(layout.contiguous_block(var.read_value(), info))
+        self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
+        rep_names, rep_specs, rep_tensors = [], [], []
+        for saveable in saveables:
+            for spec in saveable.specs:
+                rep_names.append(spec.name)
+                rep_specs.append(spec.slice_spec)
+                rep_tensors.append(spec.tensor)
+        for var in sharded:
+            info = shard_of(var)
+            rep_names.append(row_splits_key(checkpoint_key(var)))
+            rep_specs.append("")
+            rep_tensors.append(tf.constant(layout.block_bounds(info.vocab, info.world_size), tf.int64))
+        self._replicated_save = io_ops.save_v2(self._replicated_prefix, rep_names, rep_specs, rep_tensors)
+        with tf.control_dependencies([self._shard_save]):
+            self._save_tensor = tf.identity(self._part_prefix, name="saved_part")
+        self._flag = tf.compat.v1.placeholder(tf.int32, [], name="ok")
+        self._barrier = comm.allreduce(self._flag, "sum")
+        self._merge_parts = tf.compat.v1.placeholder(tf.string, [None], name="parts")
+        self._merge_dest = tf.compat.v1.placeholder(tf.string, [], name="destination")
+        self._merge = io_ops.merge_v2_checkpoints(self._merge_parts, self._merge_dest, delete_old_dirs=True)
+
+    def _build_restore_ops(self, sharded, saveables):
+        self._restore_prefix = tf.compat.v1.placeholder_with_default("model.ckpt", [], name="restore_prefix")
+        self._row_splits = {}
+        ops = []
+        # One tensor at a time: a worker holds its shards plus one stored block at most.
+        for var in sharded:
+            info = shard_of(var)
+            key = checkpoint_key(var)
+            splits = tf.compat.v1.placeholder_with_default(
+                tf.constant([0, info.vocab], tf.int64), [None], name="row_splits")
+            self._row_splits[key] = splits
+            with tf.control_dependencies(ops[-1:]):
+                rows = layout.restore_rows(self._restore_prefix, key, splits, [info.vocab, info.dim],
+                                           var.dtype.base_dtype, info.rank, info.world_size)
+                ops.append(var.assign(rows, read_value=False))
+        if saveables:
+            ops.append(saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
+                self._restore_prefix, saveables, restore_sequentially=False, reshape=False))
+        self._restore_op = tf.group(*ops, name="restore_all")
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
+             write_meta_graph=True, write_state=True, strip_default_attrs=False, save_debug_info=False):
+        """Writes a checkpoint of the whole model; every worker must call it at the same step.
+
+        Returns the checkpoint prefix (the same on every worker), or None when
+        there is nothing to save.
+        """
+        if not self._is_built:
+            raise RuntimeError("`build()` should be called before save if defer_build==True")
+        if self._is_empty:
+            return None
+        latest_filename = latest_filename or "checkpoint"
+        if os.path.split(latest_filename)[0]:
+            raise ValueError("'latest_filename' must not contain path components")
+        save_path = compat.as_str(save_path)
+        if global_step is not None:
+            if not isinstance(global_step, compat.integral_types):
+                global_step = training_util.global_step(sess, global_step)
+            step = f"{global_step:08d}" if self._pad_step_number else str(global_step)
+            checkpoint_file = f"{save_path}-{step}"
+        else:
+            checkpoint_file = save_path
+        parts_dir = checkpoint_file + "_temp"
+        n, rank = comm.world_size(), comm.rank()
+        shard_parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}") for s in range(n)]
+        replicated_part = os.path.join(parts_dir, "replicated")
+        parts = (shard_parts if self._sharded_vars else []) + [replicated_part]
+
+        error = _attempt(lambda: self._write_parts(sess, parts_dir, shard_parts[rank], replicated_part))
+        self._agree(sess, error, f"writing its part of checkpoint {checkpoint_file}")
+        if rank == 0:
+            error = _attempt(lambda: self._commit(sess, parts, checkpoint_file, save_path, latest_filename,
+                                                  meta_graph_suffix, write_state))
+        elif write_state:
+            self._RecordLastCheckpoint(checkpoint_file)
+            self._checkpoints_to_be_deleted.clear()  # rank 0 deletes old checkpoints
+        self._agree(sess, error, f"merging checkpoint {checkpoint_file}")
+        if rank == 0 and write_meta_graph:
+            with sess.graph.as_default():
+                self.export_meta_graph(
+                    checkpoint_management.meta_graph_filename(checkpoint_file, meta_graph_suffix=meta_graph_suffix),
+                    strip_default_attrs=strip_default_attrs, save_debug_info=save_debug_info)
+        return checkpoint_file
+
+    def _write_parts(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
+        """Writes this worker's part (and on rank 0 the replicated variables)."""
+        tf.io.gfile.makedirs(parts_dir)
+        fetches = [self._shard_save]
+        feed = {self._part_prefix: shard_part}
+        if comm.rank() == 0:
+            fetches.append(self._replicated_save)
+            feed[self._replicated_prefix] = replicated_part
+        sess.run(fetches, feed)
+
+    def _commit(self, sess, parts, checkpoint_file, save_path, latest_filename, meta_graph_suffix,
+                write_state) -> None:
+        """Rank 0: merges the parts, then names the new checkpoint in the state file."""
+        sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: checkpoint_file})
+        if write_state:
+            self._RecordLastCheckpoint(checkpoint_file)
+            checkpoint_management.update_checkpoint_state_internal(
+                save_dir=os.path.dirname(save_path), model_checkpoint_path=checkpoint_file,
+                all_model_checkpoint_paths=self.last_checkpoints, latest_filename=latest_filename,
+                save_relative_paths=self._save_relative_paths)
+            self._MaybeDeleteOldCheckpoints(meta_graph_suffix=meta_graph_suffix)
+
+    def _agree(self, sess, error: Optional[BaseException], what: str) -> None:
+        """Barrier: raises on every worker if any worker failed."""
+        ok = sess.run(self._barrier, {self._flag: int(error is None)})
+        if error is not None:
+            raise error
+        if ok != comm.world_size():
+            raise CheckpointError(f"{comm.world_size() - ok} other worker(s) failed {what}; see their logs. "
+                                  "The checkpoint state file still names the previous checkpoint.")
+
+    # --------------------------------------------------------------- restore
+
+    def restore(self, sess, save_path):
+        """Restores this worker's rows of every table and the replicated variables from ``save_path``.
+
+        Raises:
+          CheckpointMismatchError: the checkpoint holds other shapes (a
+            different model) or lacks variables of this model.
+        """
+        if self._is_empty:
+            return
+        if save_path is None:
+            raise ValueError("Can't load save_path when it is None.")
+        prefix = compat.as_text(save_path)
+        if not checkpoint_management.checkpoint_exists_internal(prefix):
+            raise ValueError(f"The passed save_path is not a valid checkpoint: {prefix}")
+        logger.info("Restoring parameters from %s", prefix)
+        shapes = check_shapes(self._expected_shapes, prefix)
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+        feed = {self._restore_prefix: prefix}
+        for key, splits in self._row_splits.items():
+            feed[splits] = stored_row_splits(reader, shapes, key)
+        sess.run(self._restore_op, feed)
+
+
+def _attempt(step) -> Optional[BaseException]:
+    try:
+        step()
+    except Exception as err:  # pylint: disable=broad-except  (re-raised after the barrier)
+        logger.error("checkpoint step failed on rank %d: %s", comm.rank(), err)
+        return err
+    return None
