@@ -1,0 +1,73 @@
+"""Grouped (coalesced) lookups of several sharded tables on 1, 2 and 3 workers, both backends.
+
+Lookups are compared with numpy on the full tables and with the per-table
+path; training through a grouped lookup with plain single-process TensorFlow
+on the whole global batch; the graph is checked for one exchange per group.
+"""
+
+import numpy as np
+import pytest
+
+from launcher import load_rank_results, run_workers
+from test_embedding import combine
+from workers import grouped_cases as cases
+
+BACKENDS = ["hb", "sok"]
+WORKERS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in WORKERS],
+                ids=lambda p: f"{p[0]}-{p[1]}workers")
+def grouped_run(request, tmp_path_factory):
+    backend, n = request.param
+    out = tmp_path_factory.mktemp(f"grouped-{backend}-{n}")
+    run_workers("grouped_worker.py", n, [out, backend])
+    return backend, n, load_rank_results(out, n)
+
+
+@pytest.fixture(scope="module")
+def reference_training():
+    return cases.train([cases.global_batch(step) for step in range(cases.STEPS)])
+
+
+def test_grouped_lookups_equal_numpy_and_the_per_table_path(grouped_run):
+    _, n, res = grouped_run
+    for r in range(n):
+        features, _ = cases.local_batch(0, r, n)
+        for i, ((rows, ids, weights), (_, vocab, dim, combiner, weighted)) in enumerate(zip(features, cases.TABLES)):
+            full = cases.table_values(i, vocab, dim)
+            w = weights if weighted else np.ones_like(weights)
+            expected = combine(full, rows, ids, w, cases.BATCH // n, combiner)
+            np.testing.assert_allclose(res[r][f"grouped_{i}"], expected, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(res[r][f"ungrouped_{i}"], expected, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(res[r][f"grouped_shard_{i}"], full[r::n])
+
+
+def test_one_exchange_per_group(grouped_run):
+    backend, n, res = grouped_run
+    for r in range(n):
+        ops = {k[len("grouped_ops_"):]: int(v) for k, v in res[r].items() if k.startswith("grouped_ops_")}
+        ungrouped = {k[len("ungrouped_ops_"):]: int(v) for k, v in res[r].items() if k.startswith("ungrouped_ops_")}
+        if n == 1:
+            assert ops == {} and ungrouped == {}
+        elif backend == "hb":
+            # Two dimension groups (4 and 3): an id and a vector alltoall each; per table it would be 2 * 4.
+            assert ops == {"HorovodAlltoall": 4}, ops
+            assert ungrouped == {"HorovodAlltoall": 8}, ungrouped
+        else:
+            # Batch sizes, then (id, sample, table, weight) for every table; one reduce-scatter for all dims.
+            assert ops == {"HorovodAllgather": 2, "HorovodReducescatter": 1}, ops
+            assert ungrouped == {"HorovodAllgather": 3 * 4, "HorovodReducescatter": 4}, ungrouped
+        if n > 1:
+            assert res[r]["grouped_bytes"] > 0
+
+
+def test_training_through_a_grouped_lookup_matches_one_process(grouped_run, reference_training):
+    _, n, res = grouped_run
+    losses, tables, w = reference_training
+    np.testing.assert_allclose(np.mean([res[r]["train_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    for r in range(n):
+        for i, table in enumerate(tables):
+            np.testing.assert_allclose(res[r][f"train_table_{i}"], table[r::n], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r]["train_w"], w, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(tables[0], cases.table_values(0, *tables[0].shape))
