@@ -1,0 +1,189 @@
+"""Train, evaluate and export a ``model_fn`` on every worker.
+
+:class:`SessionEngine` runs the three in one TF1 session per worker on the
+core of ``collective`` (sharded tables, exchanges, averaged gradients):
+
+- train: ``max_steps`` steps of the model built once in TRAIN mode;
+- evaluate: the same graph fed from the test data through a second
+  iterator; every worker runs the same number of batches (the exchanges are
+  collective), predictions are gathered and the metrics computed exactly
+  over all workers' rows (:func:`modelzoo.heads.numpy_metrics`);
+- export: whole tables gathered to rank 0, which writes a SavedModel that
+  plain TensorFlow serves (:mod:`modelzoo.export`).
+
+:func:`make_engine` is the one place that picks the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Callable, Dict, List, Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from collective import CollectiveStrategy, comm
+from collective.embedding.table import shard_of
+from modelzoo import heads
+from modelzoo.export import write_saved_model
+
+logger = logging.getLogger("modelzoo")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run measured. ``metrics`` is empty without evaluation, ``export_path`` None without export."""
+
+    steps: int
+    train_loss: float
+    samples_per_sec: float
+    bytes_per_sample: float
+    metrics: Dict[str, float]
+    export_path: Optional[str]
+    predictions: Optional[Dict[str, np.ndarray]] = None
+
+
+class Progress:
+    """Logs ``step``, loss and global samples/s every ``every`` steps (rank 0)."""
+
+    def __init__(self, max_steps: int, global_batch: int, every: int, rank: int):
+        self.max_steps, self.global_batch, self.every, self.rank = max_steps, global_batch, every, rank
+        self._last_time, self._last_step = time.perf_counter(), 0
+
+    def step(self, step: int, loss: float) -> None:
+        if self.rank != 0 or not self.every or (step % self.every and step != self.max_steps):
+            return
+        now = time.perf_counter()
+        rate = (step - self._last_step) * self.global_batch / max(now - self._last_time, 1e-9)
+        logger.info("step %d/%d  loss %.5f  %s samples/s", step, self.max_steps, loss, f"{rate:,.0f}")
+        self._last_time, self._last_step = now, step
+
+
+def _logical(gathered: np.ndarray, world_size: int) -> np.ndarray:
+    """Rows of a sharded table gathered rank after rank -> the logical table (row i from rank i % N)."""
+    vocab = gathered.shape[0]
+    rows = np.arange(vocab)
+    owner, local = rows % world_size, rows // world_size
+    offsets = np.concatenate([[0], np.cumsum([(vocab - r + world_size - 1) // world_size
+                                              for r in range(world_size)])])[:-1]
+    return gathered[offsets[owner] + local]
+
+
+class SessionEngine:
+    """Runs a ``model_fn`` (TF1 Estimator style) with ``CollectiveStrategy`` in one session per worker.
+
+    Args:
+      strategy: the job's strategy; None trains plain TensorFlow in one process (the baseline).
+      model_fn: ``model_fn(features, labels, mode, params) -> EstimatorSpec``; the PREDICT graph must
+        create the same variables as the TRAIN graph.
+      params: passed to ``model_fn``; ``seed`` seeds the graph.
+    """
+
+    def __init__(self, strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str, params: Mapping):
+        self.strategy, self.model_fn, self.model_dir, self.params = strategy, model_fn, model_dir, dict(params)
+        self.world_size = strategy.world_size() if strategy else 1
+        self.rank = strategy.rank() if strategy else 0
+        if strategy is None and comm.world_size() > 1:
+            raise ValueError("the plain TensorFlow baseline runs in one process; start it without the launcher")
+
+    def run(self, train_input_fn: Callable, max_steps: int, global_batch: int, *,
+            eval_input_fn: Optional[Callable] = None, eval_steps: int = 0, eval_rows: int = 0,
+            export_dir_base: Optional[str] = None, serving_input_receiver_fn: Optional[Callable] = None,
+            log_every: int = 100, keep_predictions: bool = False) -> RunResult:
+        """Trains ``max_steps`` steps, then evaluates ``eval_steps`` batches (this worker's first
+        ``eval_rows`` predictions count) and exports, as asked."""
+        scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
+        with scope, tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(self.params.get("seed", 0))
+            train_ds = train_input_fn()
+            eval_ds = eval_input_fn() if eval_input_fn else None
+            shapes = tf.compat.v1.data.get_output_shapes(eval_ds or train_ds)
+            handle = tf.compat.v1.placeholder(tf.string, [], name="input_handle")
+            iterator = tf.compat.v1.data.Iterator.from_string_handle(
+                handle, tf.compat.v1.data.get_output_types(train_ds), shapes)
+            features, labels = iterator.get_next()
+            spec = self.model_fn(features, labels, heads.TRAIN, self.params)
+            handles = [tf.compat.v1.data.make_one_shot_iterator(train_ds).string_handle()]
+            if eval_ds is not None:
+                handles.append(tf.compat.v1.data.make_one_shot_iterator(eval_ds).string_handle())
+            rows_in = tf.compat.v1.placeholder(tf.float32, [None, None], name="eval_rows")
+            gathered_rows = comm.allgather(rows_in)
+            export_values = self._export_value_ops() if export_dir_base else {}
+            sent = comm.bytes_counter()
+            with tf.compat.v1.Session(config=self._session_config()) as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
+                          tf.compat.v1.tables_initializer()])
+                handle_values = sess.run(handles)
+                loss, rate = self._train(sess, spec, {handle: handle_values[0]}, max_steps, global_batch, log_every)
+                local_samples = max_steps * global_batch // self.world_size
+                bytes_per_sample = float(sess.run(sent)) / max(local_samples, 1)
+                metrics, predictions = {}, None
+                if eval_ds is not None:
+                    metrics, predictions = self._evaluate(sess, spec, labels, {handle: handle_values[1]},
+                                                          eval_steps, eval_rows, rows_in, gathered_rows)
+                export_path = None
+                if export_dir_base:
+                    values = sess.run(export_values)
+        if export_dir_base and self.rank == 0:
+            values = {name: _logical(v, self.world_size) if name in self._sharded_names else v
+                      for name, v in values.items()}
+            export_path = write_saved_model(self.model_fn, self.params, serving_input_receiver_fn, values,
+                                            export_dir_base)
+        return RunResult(max_steps, loss, rate, bytes_per_sample, metrics, export_path,
+                         predictions if keep_predictions else None)
+
+    def _session_config(self) -> tf.compat.v1.ConfigProto:
+        return tf.compat.v1.ConfigProto(allow_soft_placement=True)
+
+    def _export_value_ops(self) -> Dict[str, tf.Tensor]:
+        """Per trainable variable: its value (dense) or all workers' rows gathered (sharded tables)."""
+        ops, self._sharded_names = {}, set()
+        for var in tf.compat.v1.trainable_variables():
+            name = var.op.name
+            if shard_of(var) is not None and self.world_size > 1:
+                ops[name] = comm.allgather(var.read_value(), name=None)
+                self._sharded_names.add(name)
+            else:
+                ops[name] = var.read_value()
+        return ops
+
+    def _train(self, sess, spec, feed, max_steps: int, global_batch: int, log_every: int):
+        progress = Progress(max_steps, global_batch, log_every, self.rank)
+        warmup = min(5, max_steps // 10)
+        start, loss = time.perf_counter(), float("nan")
+        for step in range(1, max_steps + 1):
+            loss, _ = sess.run([spec.loss, spec.train_op], feed)
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"training loss is {loss} at step {step}; lower --learning_rate")
+            if step == warmup:
+                start = time.perf_counter()
+            progress.step(step, float(loss))
+        seconds = time.perf_counter() - start
+        rate = (max_steps - warmup) * global_batch / seconds if max_steps > warmup else float("nan")
+        return float(loss), rate
+
+    def _evaluate(self, sess, spec, labels, feed, eval_steps: int, eval_rows: int, rows_in, gathered_rows):
+        names: List[str] = sorted(spec.predictions)
+        label_names: List[str] = sorted(labels)
+        fetch = ([spec.predictions[n] for n in names], [labels[n] for n in label_names])
+        columns: List[np.ndarray] = []
+        for _ in range(eval_steps):
+            preds, labs = sess.run(fetch, feed)
+            columns.append(np.stack([np.asarray(x, np.float32).reshape(-1) for x in preds + labs], axis=1))
+        local = np.concatenate(columns)[:eval_rows] if columns else np.zeros((0, len(names) + len(label_names)),
+                                                                                np.float32)
+        rows = sess.run(gathered_rows, {rows_in: local})
+        predictions = {n: rows[:, i] for i, n in enumerate(names)}
+        label_values = {n: rows[:, len(names) + i] for i, n in enumerate(label_names)}
+        metrics = heads.numpy_metrics(self.params, predictions, label_values)
+        metrics["eval_rows"] = int(rows.shape[0])
+        return metrics, {**predictions, **label_values}
+
+
+def make_engine(strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str,
+                params: Mapping) -> SessionEngine:
+    """The engine a ``train.py`` runs on (the one place to switch to ``strategy.estimator``)."""
+    return SessionEngine(strategy, model_fn, model_dir, params)
