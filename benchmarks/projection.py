@@ -1,0 +1,251 @@
+"""Exact bytes per training step for each backend at N = 1 ... 1024 workers, and a time model.
+
+    python -m benchmarks.projection [--batch-size 512] [--dim 16] [--json out.json]
+
+Partitioning (``id % N``) and deduplication are deterministic, so the bytes
+every worker sends in one step follow from the ids alone: this module
+splits real global batches the way :mod:`benchmarks.batches` does (worker
+``r`` gets the ``r``-th block of ``b`` rows) and applies the byte model of
+:mod:`collective.comm` to what :mod:`collective.embedding.exchange` sends
+for a lookup through an ``embedding_column`` (one id per sample and table):
+
+- ``hb`` (grouped: one id and one vector alltoall for all tables of one
+  width): every unique (table, id) of this worker that another worker owns
+  is sent (8 bytes) and its vector comes back (``4*dim``, counted at the
+  owner); the backward pass sends the gradients of those rows (``4*dim``).
+- ``sok`` (SOK's fused ``DistributedEmbedding``): one allgather of the batch
+  size (8 bytes), one of (id, sample, table, weight) rows (32 bytes per id),
+  one reduce-scatter of ``[N*B, sum of dims]`` partial sums, and in the
+  backward pass an allgather of the ``[B, sum of dims]`` gradients.
+- ``hvd_replicated`` (and tables with fewer rows than workers under hb/sok,
+  which stay replicated): the sparse gradient, values ``[unique ids, dim]``
+  and int64 indices, allgathered.
+- dense variables: one ring allreduce, ``floor(2*S*(N-1)/N)`` per tensor.
+
+The time model charges every collective call a latency and the busiest
+worker's bytes a bandwidth: ``calls * latency * hops + max_bytes / bandwidth``
+with ``hops = N - 1`` for alltoall (pairwise exchange) and ``ceil(log2 N)``
+for allgather, reduce-scatter and allreduce (recursive doubling/halving).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+logger = logging.getLogger("benchmarks.projection")
+
+WORKER_COUNTS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BACKENDS = ("hb", "sok", "hvd_replicated")
+MOVIELENS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+                         "ml-latest-small")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fabric:
+    """A link: one-way bandwidth per worker (bytes/s) and latency per message hop (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+
+FABRICS = (
+    Fabric("NVLink 4 (450 GB/s per GPU per direction, 3 us)", 450e9, 3e-6),
+    Fabric("InfiniBand 100 Gb/s (12.5 GB/s, 5 us)", 12.5e9, 5e-6),
+)
+
+
+@dataclasses.dataclass
+class StepBytes:
+    """Bytes each worker sends in one step, and the collective calls the step makes by kind."""
+
+    per_worker: np.ndarray
+    alltoall_calls: int = 0
+    other_calls: int = 0
+
+    @property
+    def total(self) -> int:
+        return int(self.per_worker.sum())
+
+
+def _unique_per_worker(ids: np.ndarray, n: int, b: int, vocab: int):
+    """(worker, id) pairs of the distinct ids each worker holds."""
+    worker = np.arange(len(ids), dtype=np.int64) // b
+    keys = np.unique(worker * vocab + ids)
+    return keys // vocab, keys % vocab
+
+
+def dense_allreduce_bytes(param_bytes: Sequence[int], n: int) -> int:
+    """What ``comm.grouped_allreduce`` counts per worker for dense gradients of these sizes."""
+    return sum(p * 2 * (n - 1) // n for p in param_bytes)
+
+
+def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim: int, n: int, batch_size: int,
+               backend: str, dense_param_bytes: Sequence[int] = ()) -> StepBytes:
+    """Bytes each of ``n`` workers sends in one training step of the embedding-only model.
+
+    Args:
+      ids: per table, the global batch's ids (``n * batch_size`` of them, worker
+        ``r`` holding block ``r``).
+      vocabs: rows of each table.
+      dim: embedding width (float32).
+      backend: ``hb``, ``sok`` or ``hvd_replicated``.
+      dense_param_bytes: sizes of the dense (replicated, allreduced) variables.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    sent = np.zeros(n, dtype=np.int64)
+    out = StepBytes(sent)
+    if n == 1:
+        return out
+    sharded = 0
+    for table_ids, vocab in zip(ids, vocabs):
+        table_ids = np.asarray(table_ids, dtype=np.int64)
+        if len(table_ids) != n * batch_size:
+            raise ValueError(f"a table's global batch has {len(table_ids)} ids, expected {n} x {batch_size}")
+        if backend == "hvd_replicated" or vocab < n:
+            worker, _ = _unique_per_worker(table_ids, n, batch_size, vocab)
+            sent += np.bincount(worker, minlength=n) * (4 * dim + 8) * (n - 1)
+            out.other_calls += 2
+        elif backend == "hb":
+            worker, unique = _unique_per_worker(table_ids, n, batch_size, vocab)
+            owner = unique % n
+            remote = owner != worker
+            sent += np.bincount(worker[remote], minlength=n) * (8 + 4 * dim)
+            sent += np.bincount(owner[remote], minlength=n) * 4 * dim
+            sharded += 1
+        else:
+            sent += 32 * batch_size * (n - 1) + batch_size * dim * 4 * (n - 1)  # one id per sample
+            sharded += 1
+    if sharded and backend == "hb":
+        out.alltoall_calls += 3
+    elif sharded:
+        sent += 8 * (n - 1) + batch_size * n * sharded * dim * 4 * (n - 1) // n
+        out.other_calls += 4
+    sent += dense_allreduce_bytes(dense_param_bytes, n)
+    out.other_calls += 2 if dense_param_bytes else 0
+    return out
+
+
+def projected_seconds(step: StepBytes, n: int, fabric: Fabric) -> float:
+    """Communication time of one step under the latency/bandwidth model (module docstring)."""
+    if n == 1:
+        return 0.0
+    hops = step.alltoall_calls * (n - 1) + step.other_calls * math.ceil(math.log2(n))
+    return hops * fabric.latency + float(step.per_worker.max()) / fabric.bandwidth
+
+
+# ---------------------------------------------------------------- datasets
+
+@dataclasses.dataclass
+class IdSource:
+    """Draws global batches of ids from one dataset."""
+
+    name: str
+    vocabs: List[int]
+    draw: object  # Callable[[int rows, int batch index], List[np.ndarray]]
+
+
+def synthetic_source(scale: float, seed: int = 7) -> IdSource:
+    """Criteo-shaped synthetic ids (:mod:`datasets.synthetic`), fresh rows for every batch."""
+    from benchmarks.batches import synthetic_rows  # pylint: disable=import-outside-toplevel
+    from datasets import schema  # pylint: disable=import-outside-toplevel
+    from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
+
+    def draw(rows: int, k: int) -> List[np.ndarray]:
+        columns = synthetic_rows(rows, scale, seed * 1000 + k)
+        return [columns[name] for name in schema.CATEGORICAL]
+
+    return IdSource(f"synthetic Criteo (scale {scale})", list(cardinalities(scale)), draw)
+
+
+def movielens_source(path: str = MOVIELENS, seed: int = 7) -> Optional[IdSource]:
+    """(user, movie) ids of MovieLens ratings at ``path``, rows drawn with replacement; None if absent."""
+    if not os.path.isdir(path):
+        logger.info("no MovieLens at %s: projection uses the synthetic data only", path)
+        return None
+    from datasets.movielens import read  # pylint: disable=import-outside-toplevel
+
+    ratings = read(path).ratings
+    users = np.unique(ratings["user"].to_numpy(), return_inverse=True)[1].astype(np.int64)
+    items = np.unique(ratings["item"].to_numpy(), return_inverse=True)[1].astype(np.int64)
+    vocabs = [int(users.max()) + 1, int(items.max()) + 1]
+
+    def draw(rows: int, k: int) -> List[np.ndarray]:
+        pick = np.random.default_rng([seed, k]).integers(0, len(users), rows)
+        return [users[pick], items[pick]]
+
+    return IdSource(f"MovieLens {os.path.basename(os.path.normpath(path))}", vocabs, draw)
+
+
+def head_param_bytes(tables: int, dim: int, dense_features: int) -> List[int]:
+    """Dense variables of the embedding-only model: the linear head's kernel and bias (float32)."""
+    return [(tables * dim + dense_features) * 4, 4]
+
+
+def project(source: IdSource, dim: int, batch_size: int, worker_counts: Iterable[int] = WORKER_COUNTS,
+            batches: int = 2, dense_features: int = 13) -> List[Dict[str, object]]:
+    """Projected bytes and times per backend and worker count, averaged over ``batches`` global batches."""
+    rows = []
+    params = head_param_bytes(len(source.vocabs), dim, dense_features)
+    for n in worker_counts:
+        draws = [source.draw(n * batch_size, k) for k in range(batches)]
+        for backend in BACKENDS:
+            steps = [step_bytes(ids, source.vocabs, dim, n, batch_size, backend, params) for ids in draws]
+            total = float(np.mean([s.total for s in steps]))
+            row = {"dataset": source.name, "backend": backend, "workers": n, "batch_size": batch_size, "dim": dim,
+                   "bytes_per_step": total, "bytes_per_sample": total / (n * batch_size),
+                   "max_worker_bytes": float(np.mean([s.per_worker.max() for s in steps]))}
+            for fabric in FABRICS:
+                row[f"seconds[{fabric.name}]"] = float(np.mean([projected_seconds(s, n, fabric) for s in steps]))
+            rows.append(row)
+        logger.info("projected %s at N=%d", source.name, n)
+    return rows
+
+
+def sources(scale: float, movielens: Optional[str] = MOVIELENS) -> List[IdSource]:
+    """The synthetic source and, where the data is present, MovieLens."""
+    found = [synthetic_source(scale)]
+    if movielens:
+        ml = movielens_source(movielens)
+        if ml is not None:
+            found.append(ml)
+    return found
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.projection", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=512, help="samples per worker per step (default 512)")
+    parser.add_argument("--dim", type=int, default=16, help="embedding width (default 16)")
+    parser.add_argument("--scale", type=float, default=0.01, help="synthetic table scale (default 0.01)")
+    parser.add_argument("--batches", type=int, default=2, help="global batches averaged (default 2)")
+    parser.add_argument("--max-workers", type=int, default=1024, help="largest N (default 1024)")
+    parser.add_argument("--movielens", default=MOVIELENS, help="ml-latest-small directory ('' to skip)")
+    parser.add_argument("--json", default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    counts = [n for n in WORKER_COUNTS if n <= args.max_workers]
+    rows = []
+    for source in sources(args.scale, args.movielens):
+        rows += project(source, args.dim, args.batch_size, counts, args.batches)
+    print(f"{'dataset':<32} {'backend':<15} {'N':>5} {'bytes/sample':>13} {'IB time/step':>13}")
+    for row in rows:
+        print(f"{row['dataset']:<32} {row['backend']:<15} {row['workers']:>5} {row['bytes_per_sample']:>13,.1f} "
+              f"{row[f'seconds[{FABRICS[1].name}]'] * 1e3:>10.3f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""The benchmark harness: ``python -m benchmarks.run --config <name>``.
+
+Runs every configuration of ``benchmarks/configs/<name>.json`` (model x
+backend or baseline x worker count x batch size) through the real launcher
+(``python -m collective.launch -n N -m benchmarks.worker``), warm-up steps
+excluded and several repeats, and writes one JSON record per run to
+``reports/<name>/records/``, the communication projection to
+``reports/<name>/projection.json`` and then the report
+(``reports/<name>/REPORT.md``, see :mod:`benchmarks.report`).
+
+Batch sizes are per worker: N workers train a global batch of N x b.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from benchmarks import config as configs
+from benchmarks import machine, metrics, projection
+
+logger = logging.getLogger("benchmarks.run")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPORTS = os.path.join(ROOT, "reports")
+RECORD_SCHEMA = 1
+
+
+def run_id(spec: Dict[str, Any]) -> str:
+    """A file-name-safe id of one run."""
+    return f"{spec['model']}-{spec['mode']}-n{spec['workers']}-b{spec['batch_size']}"
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def _projected_bytes(spec: Dict[str, Any], dense_param_bytes: List[int]) -> Optional[float]:
+    """Projected bytes per step (all workers) over the timed steps' batches; None for models it does not cover."""
+    if spec["model"] != "embedding" or spec["mode"] == "tf_single":
+        return None
+    from benchmarks import batches  # pylint: disable=import-outside-toplevel
+    from datasets import schema  # pylint: disable=import-outside-toplevel
+    from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
+
+    n, b, distinct = spec["workers"], spec["batch_size"], spec["train_batches"]
+    columns = batches.synthetic_rows(distinct * n * b, spec["scale"], spec["seed"])
+    start = spec["warmup"]
+    timed = range(start, start + spec["repeats"] * spec["steps"])
+    totals = {}
+    for k in set(s % distinct for s in timed):
+        ids = [columns[name][k * n * b:(k + 1) * n * b] for name in schema.CATEGORICAL]
+        totals[k] = projection.step_bytes(ids, cardinalities(spec["scale"]), spec["dim"], n, b, spec["mode"],
+                                          dense_param_bytes).total
+    return float(np.mean([totals[s % distinct] for s in timed]))
+
+
+def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarray, labels: np.ndarray,
+              wall_s: float, host: Dict[str, Any], config_name: str) -> Dict[str, Any]:
+    """The record of one run from its workers' results."""
+    n, b = spec["workers"], spec["batch_size"]
+    repeats = len(ranks[0]["step_times"])
+    # A synchronous step lasts as long as its slowest worker.
+    step_times = [max(r["step_times"][rep][i] for r in ranks)
+                  for rep in range(repeats) for i in range(len(ranks[0]["step_times"][rep]))]
+    totals = [n * b * len(ranks[0]["step_times"][rep]) / max(sum(r["step_times"][rep]) for r in ranks)
+              for rep in range(repeats)]
+    bytes_per_worker = [r["bytes_per_step"] for r in ranks]
+    bytes_per_step = float(sum(bytes_per_worker))
+    projected = _projected_bytes(spec, ranks[0]["dense_param_bytes"])
+    return {
+        "schema": RECORD_SCHEMA,
+        "config": config_name,
+        "run_id": run_id(spec),
+        "model": spec["model"],
+        "mode": spec["mode"],
+        "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
+        "workers": n,
+        "batch_size": b,
+        "global_batch": n * b,
+        "spec": spec,
+        "machine": host,
+        "samples_per_s": {"total_median": statistics.median(totals), "total_min": min(totals),
+                          "total_max": max(totals), "per_worker_median": statistics.median(totals) / n,
+                          "repeats": totals},
+        "step_time_s": {"p50": _percentile(step_times, 50), "p90": _percentile(step_times, 90)},
+        "bytes_per_step": bytes_per_step,
+        "bytes_per_worker_step": bytes_per_worker,
+        "bytes_per_sample": bytes_per_step / (n * b),
+        "projected_bytes_per_step": projected,
+        "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+        "embedding_bytes": [r["embedding_bytes"] for r in ranks],
+        "metric": {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs),
+                   "eval_rows": int(len(labels))},
+        "wall_s": wall_s,
+        "status": "ok",
+    }
+
+
+def run_spec(spec: Dict[str, Any], host: Dict[str, Any], config_name: str, timeout: float) -> Dict[str, Any]:
+    """Launches one run on ``spec['workers']`` workers and returns its record (status ``failed`` on error)."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(spec["workers"]), "-m", "benchmarks.worker",
+               spec_path, tmp]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+            failure = None if proc.returncode == 0 else f"exit code {proc.returncode}\n{proc.stderr[-4000:]}"
+        except subprocess.TimeoutExpired:
+            failure = f"timed out after {timeout:.0f} s"
+        wall = time.perf_counter() - start
+        if failure is None:
+            n = spec["workers"]
+            ranks = []
+            for r in range(n):
+                with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                    ranks.append(json.load(f))
+            outputs = [np.load(os.path.join(tmp, f"rank{r}.npz")) for r in range(n)]
+            probs = np.concatenate([o["probs"] for o in outputs])
+            labels = np.concatenate([o["labels"] for o in outputs])
+            return summarise(spec, ranks, probs, labels, wall, host, config_name)
+    return {"schema": RECORD_SCHEMA, "config": config_name, "run_id": run_id(spec), "model": spec["model"],
+            "mode": spec["mode"], "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
+            "workers": spec["workers"], "batch_size": spec["batch_size"], "spec": spec, "machine": host,
+            "wall_s": wall, "status": "failed", "error": failure}
+
+
+def progress_line(i: int, total: int, record: Dict[str, Any]) -> str:
+    """One line per finished run."""
+    head = f"[{i}/{total}] {record['model']:<9} {record['mode']:<14} N={record['workers']} b={record['batch_size']}"
+    if record["status"] != "ok":
+        return f"{head}: FAILED ({record['error'].splitlines()[0]}) after {record['wall_s']:.0f} s"
+    s = record["samples_per_s"]
+    return (f"{head}: {s['total_median']:>10,.0f} samples/s ({s['total_min']:,.0f}..{s['total_max']:,.0f}), "
+            f"{record['bytes_per_sample']:8.1f} B/sample, AUC {record['metric']['auc']:.4f} "
+            f"({record['wall_s']:.0f} s)")
+
+
+def run_projection(config: Dict[str, Any], out_dir: str) -> str:
+    """Writes ``projection.json`` for the configuration; returns its path."""
+    p = config["projection"]
+    counts = [n for n in projection.WORKER_COUNTS if n <= p["max_workers"]]
+    rows = []
+    for source in projection.sources(config["scale"], projection.MOVIELENS if p["movielens"] else None):
+        rows += projection.project(source, config["dim"], p["batch_size"], counts, p["batches"])
+    path = os.path.join(out_dir, "projection.json")
+    with open(path, "w") as f:
+        json.dump({"fabrics": [vars(fab) for fab in projection.FABRICS], "rows": rows}, f, indent=1)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="a name under benchmarks/configs (e.g. quick) or a JSON file")
+    parser.add_argument("--out", default=None, help="output directory (default reports/<name>)")
+    parser.add_argument("--no-report", action="store_true", help="write records only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = configs.load(args.config)
+    except configs.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out_dir = args.out or os.path.join(REPORTS, config["name"])
+    records_dir = os.path.join(out_dir, "records")
+    os.makedirs(records_dir, exist_ok=True)
+    for stale in os.listdir(records_dir):
+        if stale.endswith(".json"):
+            os.remove(os.path.join(records_dir, stale))
+    host = machine.describe()
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    specs = configs.matrix(config)
+    print(f"benchmark {config['name']}: {len(specs)} runs on {host['cpu_model']} ({host['usable_cores']} cores, "
+          f"load {host['load_average']}), records in {records_dir}", flush=True)
+    started = time.perf_counter()
+    failed = 0
+    for i, spec in enumerate(specs, 1):
+        record = run_spec(spec, host, config["name"], config["timeout_s"])
+        failed += record["status"] != "ok"
+        with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
+            json.dump(record, f, indent=1)
+        print(progress_line(i, len(specs), record), flush=True)
+    print(f"projection: N = 1 .. {config['projection']['max_workers']} ...", flush=True)
+    print(f"wrote {run_projection(config, out_dir)}", flush=True)
+    print(f"{len(specs)} runs in {time.perf_counter() - started:.0f} s, {failed} failed", flush=True)
+    if not args.no_report:
+        from benchmarks import report  # pylint: disable=import-outside-toplevel
+
+        path = report.build(out_dir, note=config["note"])
+        print(f"report: {path}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
