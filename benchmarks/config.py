@@ -27,7 +27,10 @@ DEFAULTS: Dict[str, Any] = {
     "seed": 1,
     "train_batches": 8,
     "eval_rows": 20000,
-    "timeout_s": 900,
+    "timeout_s": 900,  # per run
+    # One launch per worker count running its runs one after another (fast,
+    # for tests; peak memory is then the process's peak so far).
+    "share_launch": False,
     "projection": {"batch_size": 512, "max_workers": 1024, "batches": 2, "movielens": True},
     "note": "",
 }

@@ -10,6 +10,11 @@ and the baselines train the same model.
   26 categorical features has an ``embedding_column`` (one id per sample),
   the vectors and the 13 dense features feed one linear layer. Almost all
   parameters and all the traffic are in the tables.
+- ``dlrm``, ``deepfm``: the model zoo's ``model_fn`` (:mod:`modelzoo.dlrm`,
+  :mod:`modelzoo.deepfm`) in evaluation mode for the loss and
+  probabilities; the harness adds the optimizer, so every mode trains them
+  the same way. Their tables are sharded when ``params['mode']`` is hb or
+  sok and plain TensorFlow tables otherwise (the zoo's ``plain`` switch).
 """
 
 from __future__ import annotations
@@ -52,7 +57,38 @@ def embedding_only(features: Mapping[str, tf.Tensor], labels: tf.Tensor, params:
     return loss, tf.sigmoid(logits)
 
 
-MODELS: Dict[str, Builder] = {"embedding": embedding_only}
+def _zoo_features(features: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """The harness's placeholders in the model zoo's layout: one ``[batch]`` tensor per column."""
+    out = {name: features["dense"][:, j] for j, name in enumerate(schema.DENSE)}
+    out.update({name: features[name][:, 0] for name in schema.CATEGORICAL})
+    return out
+
+
+def zoo_params(params: Mapping[str, Any]) -> Dict[str, Any]:
+    """The model zoo's ``params`` for a harness run (Criteo spec of the run's scale, its dim and seed)."""
+    from modelzoo.features import criteo_spec  # pylint: disable=import-outside-toplevel
+
+    dim = int(params["dim"])
+    return {"spec": criteo_spec(table_sizes(params)), "embedding_dim": dim, "task": "binary", "target": "label",
+            "optimizer": "adagrad", "learning_rate": float(params["learning_rate"]), "seed": int(params["seed"]),
+            "plain": params["mode"] not in ("hb", "sok"),
+            "bottom_mlp": [64, 32, dim], "top_mlp": [64, 32, 1], "dnn": [64, 32]}
+
+
+def _zoo(module: str) -> Builder:
+    def build(features, labels, params, embedding_scope):
+        import importlib  # pylint: disable=import-outside-toplevel
+
+        model_fn = importlib.import_module(module).model_fn
+        spec = model_fn(_zoo_features(features), {"label": labels}, tf.estimator.ModeKeys.EVAL, zoo_params(params))
+        return spec.loss, spec.predictions["probabilities"]
+
+    build.__doc__ = f"{module}.model_fn's loss and probabilities (EVAL mode: the harness adds the optimizer)."
+    return build
+
+
+MODELS: Dict[str, Builder] = {"embedding": embedding_only, "dlrm": _zoo("modelzoo.dlrm.model"),
+                              "deepfm": _zoo("modelzoo.deepfm.model")}
 
 
 def get(name: str) -> Builder:

@@ -88,15 +88,15 @@ def dense_allreduce_bytes(param_bytes: Sequence[int], n: int) -> int:
     return sum(p * 2 * (n - 1) // n for p in param_bytes)
 
 
-def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim: int, n: int, batch_size: int,
+def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, batch_size: int,
                backend: str, dense_param_bytes: Sequence[int] = ()) -> StepBytes:
-    """Bytes each of ``n`` workers sends in one training step of the embedding-only model.
+    """Bytes each of ``n`` workers sends in one training step of a model whose tables take one id per sample.
 
     Args:
       ids: per table, the global batch's ids (``n * batch_size`` of them, worker
         ``r`` holding block ``r``).
       vocabs: rows of each table.
-      dim: embedding width (float32).
+      dim: embedding width (float32), one for all tables or one per table.
       backend: ``hb``, ``sok`` or ``hvd_replicated``.
       dense_param_bytes: sizes of the dense (replicated, allreduced) variables.
     """
@@ -106,8 +106,9 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim: int, n: in
     out = StepBytes(sent)
     if n == 1:
         return out
-    sharded = 0
-    for table_ids, vocab in zip(ids, vocabs):
+    dims = [int(dim)] * len(vocabs) if np.isscalar(dim) else [int(d) for d in dim]
+    sharded = sharded_dims = 0
+    for table_ids, vocab, dim in zip(ids, vocabs, dims):
         table_ids = np.asarray(table_ids, dtype=np.int64)
         if len(table_ids) != n * batch_size:
             raise ValueError(f"a table's global batch has {len(table_ids)} ids, expected {n} x {batch_size}")
@@ -125,10 +126,11 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim: int, n: in
         else:
             sent += 32 * batch_size * (n - 1) + batch_size * dim * 4 * (n - 1)  # one id per sample
             sharded += 1
+            sharded_dims += dim
     if sharded and backend == "hb":
-        out.alltoall_calls += 3
+        out.alltoall_calls += 3 * len({d for d, v in zip(dims, vocabs) if v >= n})  # one group per width
     elif sharded:
-        sent += 8 * (n - 1) + batch_size * n * sharded * dim * 4 * (n - 1) // n
+        sent += 8 * (n - 1) + batch_size * n * sharded_dims * 4 * (n - 1) // n
         out.other_calls += 4
     sent += dense_allreduce_bytes(dense_param_bytes, n)
     out.other_calls += 2 if dense_param_bytes else 0
@@ -184,6 +186,16 @@ def movielens_source(path: str = MOVIELENS, seed: int = 7) -> Optional[IdSource]
         return [users[pick], items[pick]]
 
     return IdSource(f"MovieLens {os.path.basename(os.path.normpath(path))}", vocabs, draw)
+
+
+def model_tables(model: str, vocabs: Sequence[int], dim: int):
+    """(column index per table, vocabularies, widths) of a harness model's tables over the 26 Criteo columns."""
+    count = len(vocabs)
+    if model == "deepfm":  # first-order weights (width 1) and the shared embeddings
+        return list(range(count)) * 2, list(vocabs) * 2, [1] * count + [dim] * count
+    if model in ("embedding", "dlrm"):
+        return list(range(count)), list(vocabs), [dim] * count
+    raise ValueError(f"the projection does not know the tables of model {model!r}")
 
 
 def head_param_bytes(tables: int, dim: int, dense_features: int) -> List[int]:

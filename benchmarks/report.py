@@ -156,14 +156,14 @@ def _plot_bytes(df: pd.DataFrame, proj: Optional[pd.DataFrame], path: str) -> No
     fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(6.5 * max(len(datasets), 1), 4.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets or [None]):
         if dataset is not None:
-            for backend, sub in proj[proj["dataset"] == dataset].groupby("backend"):
+            for backend, sub in proj[(proj["dataset"] == dataset) & (proj["workers"] > 1)].groupby("backend"):
                 ax.plot(sub["workers"], sub["bytes_per_sample"], "-", color=COLORS.get(backend),
                         label=f"{backend} projected (b={sub['batch_size'].iloc[0]})")
         if dataset is None or dataset.startswith("synthetic"):
             for mode, sub in df[df["workers"] > 1].groupby("mode", observed=True):
                 ax.plot(sub["workers"], sub["B/sample"], "o", color=COLORS.get(mode), label=f"{mode} measured")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("symlog")
+        ax.set_yscale("log")
         ax.set_xlabel("workers N")
         ax.set_ylabel("bytes sent per sample (all workers)")
         ax.set_title(dataset or "measured")

@@ -45,8 +45,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def _projected_bytes(spec: Dict[str, Any], dense_param_bytes: List[int]) -> Optional[float]:
-    """Projected bytes per step (all workers) over the timed steps' batches; None for models it does not cover."""
-    if spec["model"] != "embedding" or spec["mode"] == "tf_single":
+    """Projected bytes per step (all workers), averaged over the timed steps' batches; None for tf_single."""
+    if spec["mode"] == "tf_single":
         return None
     from benchmarks import batches  # pylint: disable=import-outside-toplevel
     from datasets import schema  # pylint: disable=import-outside-toplevel
@@ -54,13 +54,13 @@ def _projected_bytes(spec: Dict[str, Any], dense_param_bytes: List[int]) -> Opti
 
     n, b, distinct = spec["workers"], spec["batch_size"], spec["train_batches"]
     columns = batches.synthetic_rows(distinct * n * b, spec["scale"], spec["seed"])
+    at, vocabs, dims = projection.model_tables(spec["model"], cardinalities(spec["scale"]), spec["dim"])
     start = spec["warmup"]
     timed = range(start, start + spec["repeats"] * spec["steps"])
     totals = {}
     for k in set(s % distinct for s in timed):
-        ids = [columns[name][k * n * b:(k + 1) * n * b] for name in schema.CATEGORICAL]
-        totals[k] = projection.step_bytes(ids, cardinalities(spec["scale"]), spec["dim"], n, b, spec["mode"],
-                                          dense_param_bytes).total
+        ids = [columns[schema.CATEGORICAL[i]][k * n * b:(k + 1) * n * b] for i in at]
+        totals[k] = projection.step_bytes(ids, vocabs, dims, n, b, spec["mode"], dense_param_bytes).total
     return float(np.mean([totals[s % distinct] for s in timed]))
 
 
@@ -106,37 +106,59 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarr
     }
 
 
-def run_spec(spec: Dict[str, Any], host: Dict[str, Any], config_name: str, timeout: float) -> Dict[str, Any]:
-    """Launches one run on ``spec['workers']`` workers and returns its record (status ``failed`` on error)."""
+def _failed(spec: Dict[str, Any], host: Dict[str, Any], config_name: str, wall: float, error: str) -> Dict[str, Any]:
+    return {"schema": RECORD_SCHEMA, "config": config_name, "run_id": run_id(spec), "model": spec["model"],
+            "mode": spec["mode"], "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
+            "workers": spec["workers"], "batch_size": spec["batch_size"], "spec": spec, "machine": host,
+            "wall_s": wall, "status": "failed", "error": error}
+
+
+def run_launch(specs: List[Dict[str, Any]], host: Dict[str, Any], config_name: str,
+               timeout: float) -> List[Dict[str, Any]]:
+    """Runs ``specs`` (all on the same number of workers) in one launch; one record each (``failed`` on error)."""
+    n = specs[0]["workers"]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        spec_path = os.path.join(tmp, "spec.json")
+        spec_path = os.path.join(tmp, "specs.json")
         with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(spec["workers"]), "-m", "benchmarks.worker",
-               spec_path, tmp]
+            json.dump(specs, f)
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.worker", spec_path, tmp]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    TF_CPP_MIN_LOG_LEVEL="2")
         start = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(specs), env=env,
+                                  cwd=ROOT)
             failure = None if proc.returncode == 0 else f"exit code {proc.returncode}\n{proc.stderr[-4000:]}"
         except subprocess.TimeoutExpired:
-            failure = f"timed out after {timeout:.0f} s"
-        wall = time.perf_counter() - start
-        if failure is None:
-            n = spec["workers"]
+            failure = f"timed out after {timeout * len(specs):.0f} s"
+        wall = (time.perf_counter() - start) / len(specs)
+        records = []
+        for i, spec in enumerate(specs):
+            out = os.path.join(tmp, str(i))
+            if not all(os.path.isfile(os.path.join(out, f"rank{r}.npz")) for r in range(n)):
+                records.append(_failed(spec, host, config_name, wall, failure or "no results written"))
+                continue
             ranks = []
             for r in range(n):
-                with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                with open(os.path.join(out, f"rank{r}.json")) as f:
                     ranks.append(json.load(f))
-            outputs = [np.load(os.path.join(tmp, f"rank{r}.npz")) for r in range(n)]
+            outputs = [np.load(os.path.join(out, f"rank{r}.npz")) for r in range(n)]
             probs = np.concatenate([o["probs"] for o in outputs])
             labels = np.concatenate([o["labels"] for o in outputs])
-            return summarise(spec, ranks, probs, labels, wall, host, config_name)
-    return {"schema": RECORD_SCHEMA, "config": config_name, "run_id": run_id(spec), "model": spec["model"],
-            "mode": spec["mode"], "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
-            "workers": spec["workers"], "batch_size": spec["batch_size"], "spec": spec, "machine": host,
-            "wall_s": wall, "status": "failed", "error": failure}
+            record = summarise(spec, ranks, probs, labels, wall, host, config_name)
+            record["shared_launch"] = len(specs) > 1
+            records.append(record)
+    return records
+
+
+def launches(specs: List[Dict[str, Any]], share: bool) -> List[List[Dict[str, Any]]]:
+    """The launches to make: one per run, or with ``share`` one per worker count."""
+    if not share:
+        return [[spec] for spec in specs]
+    by_workers: Dict[int, List[Dict[str, Any]]] = {}
+    for spec in specs:
+        by_workers.setdefault(spec["workers"], []).append(spec)
+    return list(by_workers.values())
 
 
 def progress_line(i: int, total: int, record: Dict[str, Any]) -> str:
@@ -189,13 +211,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"benchmark {config['name']}: {len(specs)} runs on {host['cpu_model']} ({host['usable_cores']} cores, "
           f"load {host['load_average']}), records in {records_dir}", flush=True)
     started = time.perf_counter()
-    failed = 0
-    for i, spec in enumerate(specs, 1):
-        record = run_spec(spec, host, config["name"], config["timeout_s"])
-        failed += record["status"] != "ok"
-        with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
-            json.dump(record, f, indent=1)
-        print(progress_line(i, len(specs), record), flush=True)
+    failed = done = 0
+    for group in launches(specs, config["share_launch"]):
+        for record in run_launch(group, host, config["name"], config["timeout_s"]):
+            done += 1
+            failed += record["status"] != "ok"
+            with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
+                json.dump(record, f, indent=1)
+            print(progress_line(done, len(specs), record), flush=True)
     print(f"projection: N = 1 .. {config['projection']['max_workers']} ...", flush=True)
     print(f"wrote {run_projection(config, out_dir)}", flush=True)
     print(f"{len(specs)} runs in {time.perf_counter() - started:.0f} s, {failed} failed", flush=True)

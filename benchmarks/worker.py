@@ -1,8 +1,11 @@
-"""One benchmark run's worker: ``python -m collective.launch -n N -m benchmarks.worker SPEC OUT_DIR``.
+"""Benchmark runs' worker: ``python -m collective.launch -n N -m benchmarks.worker SPECS OUT_DIR``.
 
-SPEC is a JSON file with the run's parameters (see :func:`benchmarks.run.run_spec`);
-each worker writes ``OUT_DIR/rank<r>.json`` (step times, bytes, memory) and
-``OUT_DIR/rank<r>.npz`` (evaluation probabilities and labels).
+SPECS is a JSON file with a list of runs' parameters (see
+:func:`benchmarks.config.matrix`), run one after another in this process;
+for run ``i`` each worker writes ``OUT_DIR/<i>/rank<r>.json`` (step times,
+bytes, memory) and ``OUT_DIR/<i>/rank<r>.npz`` (evaluation probabilities and
+labels). Peak memory is the process's: with several runs per launch it is
+the peak so far.
 
 Modes:
   hb, sok          ``CollectiveStrategy`` with the tables in ``embedding_scope()``.
@@ -168,15 +171,19 @@ def run(spec: Dict[str, Any], out_dir: str) -> None:
 def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if len(argv) != 2:
-        print("usage: python -m collective.launch -n N -m benchmarks.worker SPEC.json OUT_DIR", file=sys.stderr)
+        print("usage: python -m collective.launch -n N -m benchmarks.worker SPECS.json OUT_DIR", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
-        spec = json.load(f)
-    if spec.get("mode") not in MODES:
-        print(f"{argv[0]}: mode {spec.get('mode')!r} is not one of {', '.join(MODES)}", file=sys.stderr)
-        return 2
+        specs = json.load(f)
+    for spec in specs:
+        if spec.get("mode") not in MODES:
+            print(f"{argv[0]}: mode {spec.get('mode')!r} is not one of {', '.join(MODES)}", file=sys.stderr)
+            return 2
     context.get()
-    run(spec, argv[1])
+    for i, spec in enumerate(specs):
+        out = os.path.join(argv[1], str(i))
+        os.makedirs(out, exist_ok=True)
+        run(spec, out)
     return 0
 
 

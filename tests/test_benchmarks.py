@@ -1,0 +1,149 @@
+"""benchmarks: byte projection against hand counts and collective.comm's counter, harness end to end, report."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import config as configs
+from benchmarks import metrics, projection, report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("tf_single", "hvd_replicated", "hb", "sok")
+
+
+# ---------------------------------------------------------------- projection by hand
+
+def test_projection_counts_a_small_batch_by_hand():
+    # N=2, 2 samples per worker, one table of 10 rows, dim 2, one dense variable of 12 bytes.
+    # Worker 0 holds ids [1, 1], worker 1 holds [2, 3]; owner = id % 2.
+    ids, vocabs, dense = [np.array([1, 1, 2, 3])], [10], [12]
+    hb = projection.step_bytes(ids, vocabs, 2, 2, 2, "hb", dense).per_worker
+    # hb: w0 sends id 1 (8) + its gradient (8) and returns id 2's vector (8); w1 sends id 2 (8) + gradient (8)
+    # and returns id 1's vector (8). Dense: 12 * 2 * 1 // 2 = 12.
+    assert hb.tolist() == [24 + 12, 24 + 12]
+    sok = projection.step_bytes(ids, vocabs, 2, 2, 2, "sok", dense).per_worker
+    # sok: allgather 2 rows x 32 B, backward allgather of [2, 2] floats (16), batch size (8),
+    # reduce-scatter of [4, 2] floats: 32 * 1 // 2 = 16.
+    assert sok.tolist() == [64 + 16 + 8 + 16 + 12] * 2
+    hvd = projection.step_bytes(ids, vocabs, 2, 2, 2, "hvd_replicated", dense).per_worker
+    # Replicated: unique ids x (2 floats + int64 index) to the other worker: w0 has 1 unique id, w1 has 2.
+    assert hvd.tolist() == [16 + 12, 32 + 12]
+    # A table with fewer rows than workers stays replicated under hb as well.
+    small = projection.step_bytes([np.array([0, 0, 0, 0])], [1], 2, 2, 2, "hb").per_worker
+    assert small.tolist() == [16, 16]
+    assert projection.step_bytes([np.array([5, 6])], [10], 2, 1, 2, "hb", dense).total == 0
+
+
+def test_projection_time_model_and_movielens_rows():
+    step = projection.StepBytes(np.array([1000, 3000]), alltoall_calls=3, other_calls=2)
+    fabric = projection.Fabric("test", bandwidth=1e3, latency=0.5)
+    assert projection.projected_seconds(step, 2, fabric) == pytest.approx(3 * 0.5 + 2 * 0.5 + 3.0)
+    source = projection.IdSource("toy", [7, 5], lambda rows, k: [np.arange(rows) % 7, np.arange(rows) % 5])
+    rows = projection.project(source, dim=4, batch_size=8, worker_counts=[1, 2, 4], batches=1, dense_features=0)
+    assert {(r["backend"], r["workers"]) for r in rows} == {(b, n) for b in projection.BACKENDS for n in (1, 2, 4)}
+    assert all(r["bytes_per_step"] == 0 for r in rows if r["workers"] == 1)
+    assert all(r["bytes_per_step"] > 0 for r in rows if r["workers"] > 1)
+
+
+def test_auc_matches_pairwise_count():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 300)
+    probs = np.round(rng.random(300), 1)  # ties
+    pos, neg = probs[labels == 1], probs[labels == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert metrics.auc(labels, probs) == pytest.approx(pairs / (len(pos) * len(neg)))
+
+
+def test_config_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"workers": [1], "speed": 3}))
+    with pytest.raises(configs.ConfigError, match=r"bad\.json.*unknown keys \['speed'\]"):
+        configs.load(str(bad))
+    with pytest.raises(configs.ConfigError, match="no benchmark configuration 'nope'"):
+        configs.load("nope")
+    quick = configs.load("quick")
+    runs = configs.matrix(quick)
+    assert {r["mode"] for r in runs} == set(MODES)
+    assert [r["workers"] for r in runs if r["mode"] == "tf_single"] == [1] * len(quick["models"])
+
+
+# ---------------------------------------------------------------- report errors
+
+def test_missing_or_malformed_records_name_the_file(tmp_path):
+    with pytest.raises(report.RecordError, match="no records"):
+        report.load_records(str(tmp_path))
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "broken.json").write_text("{not json")
+    with pytest.raises(report.RecordError, match=r"broken\.json cannot be read as JSON"):
+        report.load_records(str(tmp_path))
+    (records / "broken.json").write_text(json.dumps({"schema": 1, "run_id": "x", "model": "embedding",
+                                                     "mode": "hb", "workers": 2, "batch_size": 8, "status": "ok"}))
+    with pytest.raises(report.RecordError, match=r"broken\.json lacks samples_per_s"):
+        report.load_records(str(tmp_path))
+
+
+# ---------------------------------------------------------------- end to end through the launcher
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The ``tiny`` configuration run once through ``python -m benchmarks.run`` (real launcher, 1-3 workers)."""
+    out = tmp_path_factory.mktemp("bench") / "tiny"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--config", "tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, f"benchmarks.run failed\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return out, proc.stdout
+
+
+def test_harness_writes_a_valid_record_per_run(tiny_run):
+    out, stdout = tiny_run
+    records = report.load_records(str(out))
+    expected = {(r["mode"], r["workers"]) for r in configs.matrix(configs.load("tiny"))}
+    assert {(r["mode"], r["workers"]) for r in records} == expected
+    assert {r["mode"] for r in records} == set(MODES)
+    for r in records:
+        assert r["status"] == "ok", r.get("error")
+        assert f"[{len(records)}/{len(records)}]" in stdout
+        s = r["samples_per_s"]
+        assert 0 < s["total_min"] <= s["total_median"] <= s["total_max"]
+        assert len(s["repeats"]) == 2 and s["per_worker_median"] == pytest.approx(s["total_median"] / r["workers"])
+        assert 0 < r["step_time_s"]["p50"] <= r["step_time_s"]["p90"]
+        assert len(r["peak_rss_bytes"]) == r["workers"] and min(r["peak_rss_bytes"]) > 0
+        assert 0 <= r["metric"]["auc"] <= 1 and r["metric"]["eval_rows"] == 512
+        assert r["machine"]["cores"] >= 1 and r["machine"]["libraries"]["tensorflow"] != "not installed"
+        if r["mode"] == "tf_single":
+            assert r["bytes_per_step"] == 0
+        else:
+            assert r["bytes_per_step"] > 0
+    # Sharded tables: each worker holds about 1/N of what a replicated worker holds.
+    held = {(r["mode"], r["workers"]): max(r["embedding_bytes"]) for r in records}
+    assert held[("hb", 2)] < 0.6 * held[("tf_single", 1)] and held[("hvd_replicated", 2)] == held[("tf_single", 1)]
+
+
+def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
+    out, _ = tiny_run
+    checked = 0
+    for r in report.load_records(str(out)):
+        if r["mode"] == "tf_single":
+            continue
+        assert r["projected_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
+        checked += 1
+    assert checked == 5  # hb and sok on 2 and 3 workers, hvd_replicated on 2
+
+
+def test_report_has_every_backend_baseline_table_and_plot(tiny_run):
+    out, _ = tiny_run
+    text = (out / "REPORT.md").read_text()
+    for mode in MODES:
+        assert f"| {mode} |" in text
+    for section in ("Headline", "Bytes on the wire", "Projected bytes per sample", "Memory per worker",
+                    "Metric parity"):
+        assert section in text
+    for png in ("throughput.png", "bytes.png", "memory.png", "metric.png", "projected_time.png"):
+        assert (out / png).stat().st_size > 1000 and f"({png})" in text
+    projected = json.loads((out / "projection.json").read_text())["rows"]
+    assert {r["workers"] for r in projected} == {1, 2, 3, 4, 8, 16}
