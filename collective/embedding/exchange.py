@@ -27,8 +27,13 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 
 def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
-    """``ids`` as int64, with an assertion that names the table when one is out of range."""
+    """``ids`` as int64, with an assertion that names the table when one is out of range.
+
+    Hash-table vocabularies take every int64 key: nothing to check.
+    """
     ids = tf.cast(ids, tf.int64)
+    if info.hash_index is not None:
+        return ids
     valid = tf.logical_and(ids >= 0, ids < info.vocab)
     bad = tf.boolean_mask(ids, tf.logical_not(valid))
     check = tf.debugging.Assert(
@@ -41,14 +46,21 @@ def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
         return tf.identity(ids)
 
 
+def owned_vectors(table: tf.Variable, info: ShardInfo, ids: tf.Tensor) -> tf.Tensor:
+    """Vectors of int64 ``ids`` this worker owns (``id % N == rank``), read from its shard ``table``."""
+    if info.hash_index is not None:
+        return info.hash_index.owned_vectors(table, ids)
+    return tf.gather(table, ids // info.world_size)
+
+
 def _rows_by_owner(table: tf.Variable, info: ShardInfo, ids: tf.Tensor) -> tf.Tensor:
     """Vectors for 1-D int64 ``ids`` fetched from their owners, in the order of ``ids``."""
     n = info.world_size
     owner = tf.cast(ids % n, tf.int32)
     order = tf.argsort(owner, stable=True)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
-    local_rows, received = comm.alltoall(tf.gather(ids, order) // n, splits)
-    vectors = tf.gather(table, local_rows)
+    owned, received = comm.alltoall(tf.gather(ids, order), splits)
+    vectors = owned_vectors(table, info, owned)
     returned, _ = comm.alltoall(vectors, received)
     return tf.gather(returned, tf.math.invert_permutation(order))
 
@@ -58,7 +70,7 @@ def lookup(table: tf.Variable, info: ShardInfo, ids: tf.Tensor, backend: str) ->
     ids = tf.convert_to_tensor(ids)
     flat = checked_ids(tf.reshape(ids, [-1]), info)
     if info.world_size == 1:
-        vectors = tf.gather(table, flat)
+        vectors = owned_vectors(table, info, flat)
     elif backend == "hb":
         unique, index = tf.unique(flat, out_idx=tf.int32)
         vectors = tf.gather(_rows_by_owner(table, info, unique), index)
@@ -91,7 +103,7 @@ def lookup_sparse(table: tf.Variable, info: ShardInfo, ids: tf.Tensor, segments:
     if backend == "sok" and info.world_size > 1:
         return _distributed_combine(table, info, ids, segments, weights, num_segments, combiner)
     if info.world_size == 1:
-        vectors = tf.gather(table, ids)
+        vectors = owned_vectors(table, info, ids)
     else:
         unique, index = tf.unique(ids, out_idx=tf.int32)
         vectors = tf.gather(_rows_by_owner(table, info, unique), index)
@@ -111,8 +123,8 @@ def _distributed_combine(table, info, ids, segments, weights, num_segments, comb
     all_weights = comm.allgather(weights)
     total_rows = block * n
     mine = tf.equal(all_ids % n, r)
-    local_rows = tf.boolean_mask(all_ids, mine) // n
-    vectors = tf.gather(table, local_rows) * tf.boolean_mask(all_weights, mine)[:, None]
+    vectors = owned_vectors(table, info, tf.boolean_mask(all_ids, mine))
+    vectors = vectors * tf.boolean_mask(all_weights, mine)[:, None]
     partial = tf.math.unsorted_segment_sum(vectors, tf.boolean_mask(all_segments, mine), total_rows)
     norm = _normaliser(all_weights, all_segments, total_rows, combiner)
     if norm is not None:

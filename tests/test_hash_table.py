@@ -1,0 +1,218 @@
+"""Hash-table vocabularies: the index against the numpy reference, first vectors, and sharded
+lookups and training on 1, 2 and 3 workers with both backends (through the launcher)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective.embedding import hash_table, key_init
+from collective.kernels import reference
+from workers import hash_cases as cases
+
+BACKENDS = ["hb", "sok"]
+WORKERS = [1, 2, 3]
+
+
+# ---------------------------------------------------------------- the index, single process
+
+def _batches():
+    rng = np.random.default_rng(5)
+    special = np.array([0, -1, cases.INT64_MAX, cases.INT64_MIN], np.int64)
+    for size in (7, 9, 6):
+        batch = rng.integers(-50, 50, size) * 1_000_003
+        yield np.concatenate([batch, batch[:2], special[rng.integers(0, 4, 2)]]).astype(np.int64)
+
+
+def test_index_rows_equal_reference_table():
+    ref = reference.HashTable(24, load_factor=1.0)  # 32 slots: many collisions
+    with tf.Graph().as_default():
+        index = hash_table.HashTable("idx", 2, 24, load_factor=1.0)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows, found, entries = index.find_or_insert(keys), index.find(keys), index.entries()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in _batches():
+                np.testing.assert_array_equal(sess.run(rows, {keys: batch}), ref.insert_or_find(batch))
+            probe = np.array([cases.INT64_MIN, 5, 0, cases.INT64_MAX, 12 * 1_000_003, -3], np.int64)
+            np.testing.assert_array_equal(sess.run(found, {keys: probe}), ref.find(probe))
+            for got, want in zip(sess.run(entries), ref.export()):
+                np.testing.assert_array_equal(got, want)
+            sess.run(index.clear())
+            assert sess.run(index.size()) == 0
+            np.testing.assert_array_equal(sess.run(found, {keys: probe}), -np.ones(6))
+            np.testing.assert_array_equal(sess.run(rows, {keys: probe[::-1]}), np.arange(6))
+
+
+def test_inserts_in_one_step_are_ordered():
+    """Several find_or_insert in one session.run see each other's keys, INT64_MIN's slot included."""
+    batches = list(_batches())
+    ref = reference.HashTable(24, load_factor=1.0)
+    expected = [ref.insert_or_find(batch) for batch in batches]
+    with tf.Graph().as_default():
+        index = hash_table.HashTable("idx", 2, 24, load_factor=1.0)
+        rows = [index.find_or_insert(tf.constant(batch)) for batch in batches]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for got, want in zip(sess.run(rows), expected):
+                np.testing.assert_array_equal(got, want)
+            assert sess.run(index.size()) == ref.size
+
+
+def test_full_index_fails_naming_table_and_stays_unchanged():
+    with tf.Graph().as_default():
+        index = hash_table.HashTable("scope/my_table", 2, 3)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = index.find_or_insert(keys)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(rows, {keys: [10, 11, 10]})
+            full = r"hash table scope/my_table is full.*capacity_per_worker=3.*Raise the capacity of the table"
+            with pytest.raises(tf.errors.InvalidArgumentError, match=full):
+                sess.run(rows, {keys: [12, 13, 11]})
+            assert sess.run(index.size()) == 2
+            np.testing.assert_array_equal(sess.run(index.find(tf.constant([10, 11, 12, 13], tf.int64))),
+                                          [0, 1, -1, -1])
+
+
+def test_home_slots_equal_reference():
+    keys = np.array([0, 1, -1, cases.INT64_MAX, cases.INT64_MIN, 123456789, -987654321], np.int64)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        np.testing.assert_array_equal(sess.run(hash_table.home_slots(tf.constant(keys), 64)),
+                                      reference.hash_slots(keys, 64))
+
+
+# ---------------------------------------------------------------- first vectors
+
+def _first_vectors(initializer, keys, dim=4, capacity=100, name="t"):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        return sess.run(key_init.KeyInitializer(initializer, name, dim, capacity, tf.float32)(tf.constant(keys)))
+
+
+def test_uniform_first_vectors_equal_numpy_twin():
+    keys = np.array([3, -3, cases.INT64_MAX, cases.INT64_MIN, 0], np.int64)
+    got = _first_vectors(tf.compat.v1.random_uniform_initializer(cases.MINVAL, cases.MAXVAL, seed=11), keys)
+    np.testing.assert_array_equal(got, cases.init_vectors(keys, 11))
+    # Without a seed the table's name salts the draw: two tables start differently.
+    a = _first_vectors(tf.random_uniform_initializer(cases.MINVAL, cases.MAXVAL), keys, name="a")
+    np.testing.assert_array_equal(a, cases.init_vectors(keys, key_init.salt_of(None, "a")))
+    assert not np.allclose(a, _first_vectors(tf.random_uniform_initializer(cases.MINVAL, cases.MAXVAL), keys,
+                                             name="b"))
+
+
+def test_first_vectors_follow_the_initializer_distribution():
+    keys = np.arange(-20000, 20000, dtype=np.int64)
+    normal = _first_vectors(tf.compat.v1.truncated_normal_initializer(1.0, 0.5), keys)
+    assert normal.min() >= 0.0 and normal.max() <= 2.0
+    assert abs(normal.mean() - 1.0) < 0.01 and 0.42 < normal.std() < 0.46  # 0.88 * 0.5 after truncation
+    glorot = _first_vectors(tf.compat.v1.glorot_uniform_initializer(), keys, dim=8, capacity=92)
+    assert np.abs(glorot).max() <= np.sqrt(6.0 / 100) and np.abs(glorot).max() > 0.9 * np.sqrt(6.0 / 100)
+    np.testing.assert_array_equal(_first_vectors(tf.compat.v1.constant_initializer(0.25), keys[:3]),
+                                  np.full((3, 4), 0.25, np.float32))
+    np.testing.assert_array_equal(_first_vectors(tf.zeros_initializer(), keys[:3]), np.zeros((3, 4)))
+
+
+def test_unsupported_initializer_names_table():
+    with pytest.raises(TypeError, match="hash table 'movies'.*cannot give each key its own first vector"):
+        _first_vectors(tf.compat.v1.orthogonal_initializer(), np.arange(3, dtype=np.int64), name="movies")
+
+
+# ---------------------------------------------------------------- sharded, through the launcher
+
+@pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in WORKERS],
+                ids=lambda p: f"{p[0]}-{p[1]}workers")
+def hash_run(request, tmp_path_factory):
+    backend, n = request.param
+    return backend, n, cases.run(tmp_path_factory.getbasetemp(), backend, n)
+
+
+@pytest.fixture(scope="module")
+def reference_training():
+    return {name: cases.reference_training(name) for name in cases.OPTIMIZERS}
+
+
+def combine(vectors, rows, weights, batch, combiner):
+    out = np.zeros((batch, vectors.shape[1]), np.float64)
+    for row in range(batch):
+        sel = rows == row
+        w = weights[sel].astype(np.float64)
+        norm = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w ** 2).sum())}[combiner]
+        out[row] = (vectors[sel] * w[:, None]).sum(0) / norm if sel.any() else 0.0
+    return out
+
+
+def test_dense_lookups_equal_numpy(hash_run):
+    _, n, res = hash_run
+    salt = cases.SEEDS["lookup"]
+    for r in range(n):
+        dense, _, _ = cases.local_batch(0, r, n)
+        np.testing.assert_array_equal(res[r]["dense"], cases.init_vectors(dense, salt).reshape(dense.shape + (-1,)))
+        small = dense % 2001 - 1000
+        np.testing.assert_array_equal(res[r]["dense_int32"],
+                                      cases.init_vectors(small, salt).reshape(dense.shape + (-1,)))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_sparse_lookups_equal_numpy(hash_run, combiner):
+    _, n, res = hash_run
+    for r in range(n):
+        dense, (rows, keys, weights), _ = cases.local_batch(0, r, n)
+        vectors = cases.init_vectors(keys, cases.SEEDS["lookup"])
+        np.testing.assert_allclose(res[r][f"sparse_{combiner}"],
+                                   combine(vectors, rows, np.ones_like(weights), len(dense), combiner), rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(res[r][f"weighted_{combiner}"],
+                                   combine(vectors, rows, weights, len(dense), combiner), rtol=1e-5, atol=1e-6)
+
+
+def test_each_key_lives_on_its_owner_once(hash_run):
+    _, n, res = hash_run
+    looked_up = set()
+    for r in range(n):
+        dense, (_, keys, _), _ = cases.local_batch(0, r, n)
+        looked_up |= set(dense.ravel().tolist()) | set((dense % 2001 - 1000).ravel().tolist()) | set(keys.tolist())
+    held = []
+    for r in range(n):
+        keys, rows = res[r]["lookup_keys"], res[r]["lookup_rows"]
+        assert all(k % n == r for k in keys.tolist()), f"rank {r} holds keys it does not own"
+        np.testing.assert_array_equal(rows, np.arange(len(rows)))
+        assert res[r]["size_after_training_lookups"] == len(rows)
+        held += keys.tolist()
+    assert sorted(held) == sorted(looked_up)
+
+
+def test_inference_lookups_do_not_insert(hash_run):
+    _, n, res = hash_run
+    for r in range(n):
+        dense, _, _ = cases.local_batch(0, r, n)
+        assert res[r]["size_after_inference"] == res[r]["size_after_training_lookups"]
+        expected = np.concatenate([cases.init_vectors(dense[:, 0], cases.SEEDS["lookup"]), np.zeros((2, cases.DIM))])
+        np.testing.assert_array_equal(res[r]["inference"], expected)
+
+
+@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
+def test_training_equals_single_process(hash_run, reference_training, optimizer):
+    _, n, res = hash_run
+    losses, tables, (w, b) = reference_training[optimizer]
+    np.testing.assert_allclose(np.mean([res[r][f"{optimizer}_losses"] for r in range(n)], axis=0), losses,
+                               rtol=1e-5)
+    for r in range(n):
+        np.testing.assert_allclose(res[r][f"{optimizer}_w"], w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_b"], b, rtol=1e-5, atol=1e-6)
+    for table, reference_vectors in tables.items():
+        held = {}
+        for r in range(n):
+            keys, vectors = res[r][f"{optimizer}_{table}_keys"], res[r][f"{optimizer}_{table}_vectors"]
+            for key, vector in zip(keys.tolist(), vectors):
+                assert key % n == r and key not in held
+                held[key] = vector
+        assert sorted(held) == sorted(reference_vectors)
+        for key, vector in held.items():
+            np.testing.assert_allclose(vector, reference_vectors[key], rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
+
+
+def test_full_table_error_names_table(hash_run):
+    _, n, res = hash_run
+    for r in range(n):
+        message = str(res[r]["capacity_error"])
+        assert "hash table tiny_table is full" in message and "capacity_per_worker=2" in message, message
+        assert "Raise the capacity of the table" in message
