@@ -89,7 +89,7 @@ def dense_allreduce_bytes(param_bytes: Sequence[int], n: int) -> int:
 
 
 def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, batch_size: int,
-               backend: str, dense_param_bytes: Sequence[int] = ()) -> StepBytes:
+               backend: str, dense_param_bytes: Sequence[int] = (), groups: Optional[Sequence[int]] = None) -> StepBytes:
     """Bytes each of ``n`` workers sends in one training step of a model whose tables take one id per sample.
 
     Args:
@@ -97,6 +97,8 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
         ``r`` holding block ``r``).
       vocabs: rows of each table.
       dim: embedding width (float32), one for all tables or one per table.
+      groups: per table, which coalesced lookup it is made in (one ``input_layer``
+        call is one group: one exchange); default all in one.
       backend: ``hb``, ``sok`` or ``hvd_replicated``.
       dense_param_bytes: sizes of the dense (replicated, allreduced) variables.
     """
@@ -107,8 +109,10 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
     if n == 1:
         return out
     dims = [int(dim)] * len(vocabs) if np.isscalar(dim) else [int(d) for d in dim]
-    sharded = sharded_dims = 0
-    for table_ids, vocab, dim in zip(ids, vocabs, dims):
+    groups = [0] * len(vocabs) if groups is None else list(groups)
+    group_dims: Dict[int, int] = {}  # sok: summed widths of each group's sharded tables
+    hb_groups = set()  # hb: one exchange per group and width
+    for table_ids, vocab, dim, group in zip(ids, vocabs, dims, groups):
         table_ids = np.asarray(table_ids, dtype=np.int64)
         if len(table_ids) != n * batch_size:
             raise ValueError(f"a table's global batch has {len(table_ids)} ids, expected {n} x {batch_size}")
@@ -122,15 +126,13 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
             remote = owner != worker
             sent += np.bincount(worker[remote], minlength=n) * (8 + 4 * dim)
             sent += np.bincount(owner[remote], minlength=n) * 4 * dim
-            sharded += 1
+            hb_groups.add((group, dim))
         else:
             sent += 32 * batch_size * (n - 1) + batch_size * dim * 4 * (n - 1)  # one id per sample
-            sharded += 1
-            sharded_dims += dim
-    if sharded and backend == "hb":
-        out.alltoall_calls += 3 * len({d for d, v in zip(dims, vocabs) if v >= n})  # one group per width
-    elif sharded:
-        sent += 8 * (n - 1) + batch_size * n * sharded_dims * 4 * (n - 1) // n
+            group_dims[group] = group_dims.get(group, 0) + dim
+    out.alltoall_calls += 3 * len(hb_groups)
+    for width in group_dims.values():
+        sent += 8 * (n - 1) + batch_size * n * width * 4 * (n - 1) // n
         out.other_calls += 4
     sent += dense_allreduce_bytes(dense_param_bytes, n)
     out.other_calls += 2 if dense_param_bytes else 0
@@ -189,12 +191,12 @@ def movielens_source(path: str = MOVIELENS, seed: int = 7) -> Optional[IdSource]
 
 
 def model_tables(model: str, vocabs: Sequence[int], dim: int):
-    """(column index per table, vocabularies, widths) of a harness model's tables over the 26 Criteo columns."""
+    """(column index, vocabulary, width, lookup group) of each table of a harness model over the Criteo columns."""
     count = len(vocabs)
-    if model == "deepfm":  # first-order weights (width 1) and the shared embeddings
-        return list(range(count)) * 2, list(vocabs) * 2, [1] * count + [dim] * count
+    if model == "deepfm":  # first-order weights (width 1) and the shared embeddings, two input_layer calls
+        return list(range(count)) * 2, list(vocabs) * 2, [1] * count + [dim] * count, [0] * count + [1] * count
     if model in ("embedding", "dlrm"):
-        return list(range(count)), list(vocabs), [dim] * count
+        return list(range(count)), list(vocabs), [dim] * count, [0] * count
     raise ValueError(f"the projection does not know the tables of model {model!r}")
 
 

@@ -54,13 +54,13 @@ def _projected_bytes(spec: Dict[str, Any], dense_param_bytes: List[int]) -> Opti
 
     n, b, distinct = spec["workers"], spec["batch_size"], spec["train_batches"]
     columns = batches.synthetic_rows(distinct * n * b, spec["scale"], spec["seed"])
-    at, vocabs, dims = projection.model_tables(spec["model"], cardinalities(spec["scale"]), spec["dim"])
+    at, vocabs, dims, groups = projection.model_tables(spec["model"], cardinalities(spec["scale"]), spec["dim"])
     start = spec["warmup"]
     timed = range(start, start + spec["repeats"] * spec["steps"])
     totals = {}
     for k in set(s % distinct for s in timed):
         ids = [columns[schema.CATEGORICAL[i]][k * n * b:(k + 1) * n * b] for i in at]
-        totals[k] = projection.step_bytes(ids, vocabs, dims, n, b, spec["mode"], dense_param_bytes).total
+        totals[k] = projection.step_bytes(ids, vocabs, dims, n, b, spec["mode"], dense_param_bytes, groups).total
     return float(np.mean([totals[s % distinct] for s in timed]))
 
 
@@ -191,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--config", required=True, help="a name under benchmarks/configs (e.g. quick) or a JSON file")
     parser.add_argument("--out", default=None, help="output directory (default reports/<name>)")
     parser.add_argument("--no-report", action="store_true", help="write records only")
+    parser.add_argument("--note", default=None, help="a note for the top of the report (e.g. 'shared, noisy machine')")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -225,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.no_report:
         from benchmarks import report  # pylint: disable=import-outside-toplevel
 
-        path = report.build(out_dir, note=config["note"])
+        path = report.build(out_dir, note=config["note"] if args.note is None else args.note)
         print(f"report: {path}", flush=True)
     return 1 if failed else 0
 
