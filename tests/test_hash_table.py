@@ -81,6 +81,38 @@ def test_home_slots_equal_reference():
                                       reference.hash_slots(keys, 64))
 
 
+def test_estimator_modes_pick_the_lookup_mode():
+    for mode, training in (("train", True), ("eval", False), ("infer", False)):
+        with hash_table.for_mode(mode):
+            assert hash_table.is_training() is training
+    assert hash_table.is_training()
+
+
+def test_export_form_serves_keys_through_the_exchange():
+    """Export mode: a [rows, dim] variable + key -> row lookup table; unseen keys read zeros, nothing inserted."""
+    from collective import modes  # pylint: disable=import-outside-toplevel
+    from collective.embedding import exchange  # pylint: disable=import-outside-toplevel
+    from collective.embedding.table import shard_of  # pylint: disable=import-outside-toplevel
+
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with tf.Graph().as_default(), modes.exporting({"sok/items": 2}):
+        with tf.compat.v1.variable_scope("sok"):
+            var = hash_table.hash_embedding_variable("items", 4, capacity_per_worker=10)
+        [(name, index)] = tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)
+        assert name == "sok/items" and var.shape.as_list() == [2, 4]
+        keys = tf.constant([[cases.INT64_MIN, 7], [3, cases.INT64_MIN]], tf.int64)
+        dense = exchange.lookup(var, shard_of(var), keys, "sok")
+        pooled = exchange.lookup_sparse(var, shard_of(var), tf.constant([7, 3, 3], tf.int64), tf.constant([0, 0, 1]),
+                                        None, "mean", "sok")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([index.insert(tf.constant([cases.INT64_MIN, 7], tf.int64), tf.constant([0, 1], tf.int64)),
+                      var.assign(values)])
+            got_dense, got_pooled = sess.run([dense, pooled])
+    np.testing.assert_array_equal(got_dense, [[values[0], values[1]], [np.zeros(4), values[0]]])
+    np.testing.assert_array_equal(got_pooled, [values[1] / 2, np.zeros(4)])
+
+
 # ---------------------------------------------------------------- first vectors
 
 def _first_vectors(initializer, keys, dim=4, capacity=100, name="t"):

@@ -74,6 +74,14 @@ def inference() -> Iterator[None]:
         _state.training = previous
 
 
+def for_mode(mode: str):
+    """The lookup mode of an Estimator ``mode``: :func:`inference` for ``eval``/``infer``, else training.
+
+    ``with hash_table.for_mode(mode): spec = model_fn(features, labels, mode, ...)``
+    """
+    return inference() if mode in ("eval", "infer") else contextlib.nullcontext()
+
+
 # ---------------------------------------------------------------- hashing
 
 def home_slots(keys: tf.Tensor, num_slots: int) -> tf.Tensor:
@@ -384,11 +392,21 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
 class ExportedTable:
     """The plain form of a hash table in an export graph: key -> row ``tf.lookup`` table + ``[rows, dim]`` values.
 
-    Keys the lookup table does not hold read a zero vector (row ``rows`` of :meth:`padded`).
+    Keys the lookup table does not hold read a zero vector (row ``rows`` of
+    :meth:`padded`). It is the ``hash_index`` of the export variable's
+    one-worker ``ShardInfo``, so the exchange (and, inside ``scope()``,
+    ``tf.nn.embedding_lookup``) serve the export variable through
+    :meth:`owned_vectors` with TensorFlow ops only.
     """
 
     def __init__(self, name: str, values: tf.Variable, index, rows: int):
         self.name, self.values, self.index, self.rows = name, values, index, rows
+        self.capacity = rows
+
+    def owned_vectors(self, values: tf.Variable, keys: tf.Tensor, training: Optional[bool] = None) -> tf.Tensor:
+        """:meth:`HashTable.owned_vectors` of the export form: never inserts."""
+        del values, training
+        return self.lookup(tf.reshape(keys, [-1]))
 
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
         """Row of each key in :meth:`padded` (the zero row for keys not held)."""
@@ -429,6 +447,9 @@ def export_variable(name: str, dim: int, dtype=tf.float32) -> tf.Variable:
     rows = modes.export_rows(full_name)
     values = _plain_variable(name, [rows, int(dim)], tf.as_dtype(dtype), tf.compat.v1.zeros_initializer(),
                              [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
-    values._collective_exported_hash_table = ExportedTable(  # pylint: disable=protected-access
-        full_name, values, export_index(name, full_name), rows)
+    table = ExportedTable(full_name, values, export_index(name, full_name), rows)
+    values._collective_exported_hash_table = table  # pylint: disable=protected-access
+    # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.
+    values._collective_shard = ShardInfo(  # pylint: disable=protected-access
+        name=values.op.name, vocab=rows, dim=int(dim), rank=0, world_size=1, hash_index=table)
     return values
