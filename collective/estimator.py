@@ -1,0 +1,325 @@
+"""``strategy.estimator(...)``: a TensorFlow Estimator that trains on N workers.
+
+:class:`CollectiveEstimator` wraps ``tf.compat.v1.estimator.Estimator``
+(whose public methods subclasses may not override) and has its methods:
+``train``, ``evaluate``, ``predict``, ``export_saved_model`` and
+``train_and_evaluate(train_spec, eval_spec)``. On every worker, with the same
+``model_dir``:
+
+- Input: ``input_fn`` returns this worker's share as a batched
+  ``tf.data.Dataset`` (read it with ``collective.data`` readers, or take an
+  ``input_context`` argument and ``dataset.shard(ctx.num_input_pipelines,
+  ctx.input_pipeline_id)``, or build the estimator with
+  ``shard_input=True`` to have every N-th batch kept). The dataset is padded
+  with empty batches and all workers stop together in the first step where
+  none has data (:mod:`collective.sync`), so uneven shares never hang.
+- Training: the loss Estimator logs and returns is the mean over the
+  workers that had data in the step. Checkpoints: every worker calls the
+  checkpoint saver at the same steps (:class:`collective.hooks.SyncCheckpointSaverHook`;
+  ``save_checkpoints_secs`` is decided by rank 0's clock and broadcast).
+- Evaluation: ``tf.compat.v1.metrics`` variables (loss mean, AUC, accuracy,
+  the user's ``eval_metric_ops``) are summed over workers before the final
+  values are read, so every worker returns the metrics of all workers' data.
+- Prediction: every worker yields the predictions of its own input.
+- Only rank 0 writes summaries, event files and Estimator's logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, Iterator, Optional
+
+import tensorflow as tf
+from tensorflow.python.ops import variable_v1
+from tensorflow.python.util import function_utils
+from tensorflow_estimator.python.estimator import estimator as estimator_lib
+
+from collective import checkpoint, comm, hooks as hooks_lib, patches, sync
+
+logger = logging.getLogger(__name__)
+ModeKeys = tf.estimator.ModeKeys
+
+
+def build_estimator(strategy, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
+                    throughput_every_n_steps: Optional[int] = None) -> "CollectiveEstimator":
+    """The Estimator ``CollectiveStrategy.estimator`` returns (see :class:`CollectiveEstimator`)."""
+    return CollectiveEstimator(strategy, model_fn, model_dir, config=config, params=params,
+                               shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps)
+
+
+class CollectiveEstimator:
+    """An Estimator whose methods run synchronously on every worker.
+
+    Args:
+      strategy: the ``CollectiveStrategy``.
+      model_fn: an Estimator ``model_fn``; it must return an ``EstimatorSpec``
+        for every mode it is called with.
+      model_dir: the directory every worker shares.
+      config: a ``tf.estimator.RunConfig`` (``model_dir`` may be left unset).
+      params: passed to ``model_fn`` and ``input_fn``.
+      shard_input: keep every N-th element (batch) of the ``input_fn``'s
+        dataset on each worker; leave False when ``input_fn`` reads its share.
+      throughput_every_n_steps: interval of the default
+        :class:`collective.hooks.ThroughputHook` (default
+        ``config.log_step_count_steps``, else 100).
+    """
+
+    def __init__(self, strategy, model_fn: Callable, model_dir: Optional[str], config=None, params=None, *,
+                 shard_input: bool = False, throughput_every_n_steps: Optional[int] = None):
+        self._strategy = strategy
+        self._user_model_fn = model_fn
+        self._shard_input = shard_input
+        config = config if config is not None else tf.estimator.RunConfig()
+        if model_dir is None and config.model_dir is None:
+            raise ValueError("strategy.estimator needs a model_dir that every worker shares; got none in the "
+                             "arguments or the RunConfig")
+        self._user_config = config
+        self._throughput_every = (throughput_every_n_steps or config.log_step_count_steps or 100)
+        worker_config = config
+        if comm.rank() != 0:
+            # Estimator and MonitoredTrainingSession add summary, step-counter and logging hooks from these.
+            worker_config = config.replace(save_summary_steps=0, log_step_count_steps=None)
+        self._estimator = _Estimator(
+            model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def model_dir(self) -> str:
+        return self._estimator.model_dir
+
+    @property
+    def config(self):
+        return self._estimator.config
+
+    @property
+    def params(self):
+        return self._estimator.params
+
+    @property
+    def model_fn(self) -> Callable:
+        return self._user_model_fn
+
+    @property
+    def estimator(self) -> tf.compat.v1.estimator.Estimator:
+        """The wrapped TensorFlow Estimator (its model_fn and input_fns are the synchronised ones)."""
+        return self._estimator
+
+    def __getattr__(self, name: str) -> Any:
+        # get_variable_value, get_variable_names, latest_checkpoint, eval_dir, ...
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._estimator, name)
+
+    # ------------------------------------------------------------ methods
+
+    def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
+        """``Estimator.train`` on every worker's share; returns ``self``."""
+        with self._running():
+            self._estimator.train(self._input_fn(input_fn), hooks=hooks, steps=steps, max_steps=max_steps,
+                                  saving_listeners=saving_listeners)
+        return self
+
+    def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
+        """``Estimator.evaluate`` over all workers' data; every worker returns the same metrics."""
+        with self._running():
+            return self._estimator.evaluate(self._input_fn(input_fn), steps=steps, hooks=hooks,
+                                            checkpoint_path=checkpoint_path, name=name)
+
+    def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
+                yield_single_examples=True) -> Iterator:
+        """``Estimator.predict``: yields this worker's predictions. Every worker must exhaust the generator."""
+        with self._running():
+            yield from self._estimator.predict(self._input_fn(input_fn), predict_keys=predict_keys, hooks=hooks,
+                                               checkpoint_path=checkpoint_path,
+                                               yield_single_examples=yield_single_examples)
+
+    def export_saved_model(self, export_dir_base, serving_input_receiver_fn, assets_extra=None, as_text=False,
+                           checkpoint_path=None, experimental_mode=ModeKeys.PREDICT):
+        """Rank 0 writes a SavedModel with whole tables (``collective.export``); returns its path on every worker."""
+        from collective import export  # pylint: disable=import-outside-toplevel
+
+        with self._running():
+            return export.estimator_export_saved_model(
+                self, export_dir_base, serving_input_receiver_fn, assets_extra=assets_extra, as_text=as_text,
+                checkpoint_path=checkpoint_path, experimental_mode=experimental_mode)
+
+    def train_and_evaluate(self, train_spec, eval_spec):
+        """Trains to ``train_spec.max_steps``, then evaluates once and runs the exporters.
+
+        Unlike ``tf.estimator.train_and_evaluate`` there is no evaluation
+        during training (its ``throttle_secs`` is a per-process clock).
+        Returns ``(eval_result, export_results)`` like TensorFlow's.
+        """
+        self.train(train_spec.input_fn, hooks=list(train_spec.hooks), max_steps=train_spec.max_steps,
+                   saving_listeners=list(getattr(train_spec, "saving_listeners", ()) or ()) or None)
+        result = self.evaluate(eval_spec.input_fn, steps=eval_spec.steps, hooks=list(eval_spec.hooks),
+                               name=eval_spec.name)
+        exports = []
+        checkpoint = self.latest_checkpoint()
+        for exporter in eval_spec.exporters or ():
+            base = tf.io.gfile.join(self.model_dir, "export", exporter.name)
+            exports.append(exporter.export(self, base, checkpoint, result, is_the_final_export=True))
+        return result, exports
+
+    # ------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        with self._strategy.scope(), _rank0_outputs(), \
+                _estimator_replaced(_verify_and_create_loss_metric=_loss_metric_weighted_by_data):
+            yield
+
+    def _input_fn(self, input_fn: Callable) -> Callable:
+        accepted = function_utils.fn_args(input_fn)
+        shard_input = self._shard_input
+
+        def synchronised_input_fn(mode, params, config):
+            kwargs = {}
+            for key, value in (("mode", mode), ("params", params), ("config", config)):
+                if key in accepted:
+                    kwargs[key] = value
+            if "input_context" in accepted:
+                kwargs["input_context"] = tf.distribute.InputContext(
+                    num_input_pipelines=comm.world_size(), input_pipeline_id=comm.rank(),
+                    num_replicas_in_sync=comm.world_size())
+            result = input_fn(**kwargs)
+            if not isinstance(result, tf.data.Dataset):
+                if comm.world_size() > 1:
+                    logger.warning("input_fn returned tensors, not a tf.data.Dataset: workers are not "
+                                   "synchronised at the end of their input, so unequal shares will hang")
+                return result
+            if shard_input:
+                result = sync.shard(result)
+            return sync.pad_with_empty_batches(result)
+
+        return synchronised_input_fn
+
+    def _model_fn(self, features, labels, mode, params, config):
+        step = None
+        if sync.has_sync_keys(features):
+            step = sync.synchronise(features, labels)
+            features, labels = step.features, step.labels
+        accepted = function_utils.fn_args(self._user_model_fn)
+        kwargs = {}
+        if "labels" in accepted:
+            kwargs["labels"] = labels
+        elif labels is not None:
+            raise ValueError("model_fn does not take labels but input_fn returned labels; "
+                             "add a labels argument to model_fn or return features only")
+        for key, value in (("mode", mode), ("params", params), ("config", config)):
+            if key in accepted:
+                kwargs[key] = value
+        spec = self._user_model_fn(features=features, **kwargs)
+        if spec is None:
+            raise ValueError(f"model_fn returned None for mode {mode!r}; return a tf.estimator.EstimatorSpec "
+                             "for every mode (TRAIN, EVAL and PREDICT) the estimator is used in")
+        scaffold = spec.scaffold
+        if scaffold.saver is None:
+            scaffold = tf.compat.v1.train.Scaffold(saver=_checkpoint_saver(self._user_config),
+                                                   copy_from_scaffold=scaffold)
+        if mode == ModeKeys.TRAIN:
+            return self._train_spec(spec, step, scaffold)
+        if mode == ModeKeys.EVAL:
+            loss = spec.loss
+            if step is not None:
+                # Estimator's loss metric is a mean over batches: a worker's empty batch must not count
+                # (see _loss_metric_weighted_by_data).
+                loss = tf.where(step.has_data, loss, tf.zeros_like(loss))
+                tf.compat.v1.add_to_collection(_EVAL_HAS_DATA, step.has_data)
+            return spec._replace(loss=loss, scaffold=scaffold,
+                                 evaluation_hooks=list(spec.evaluation_hooks) + [hooks_lib.GlobalMetricsHook()])
+        return spec._replace(scaffold=scaffold)
+
+    def _train_spec(self, spec, step, scaffold):
+        if step is not None:
+            # Mean of the per-worker losses over the workers that had data in this step.
+            has = tf.cast(step.has_data, spec.loss.dtype)
+            sums = comm.allreduce(tf.stack([tf.where(step.has_data, spec.loss, tf.zeros_like(spec.loss)), has]),
+                                  "sum")
+            loss = sums[0] / tf.maximum(sums[1], 1)
+            samples = step.global_rows
+        else:
+            loss = comm.allreduce(spec.loss, "average")
+            samples = None
+        hooks = list(spec.training_hooks)
+        hooks.append(hooks_lib.ThroughputHook(self._throughput_every, samples=samples, loss=loss))
+        config = self._user_config
+        if config.save_checkpoints_secs or config.save_checkpoints_steps:
+            hooks.append(hooks_lib.SyncCheckpointSaverHook(
+                self._estimator.model_dir, save_secs=config.save_checkpoints_secs,
+                save_steps=config.save_checkpoints_steps, scaffold=scaffold,
+                save_graph_def=config.checkpoint_save_graph_def))
+        return spec._replace(loss=loss, training_hooks=hooks, scaffold=scaffold)
+
+
+class _Estimator(tf.compat.v1.estimator.Estimator):
+    """Estimator whose global step starts at 0 on every worker without a broadcast.
+
+    Estimator builds the model under ``global_step.initialized_value()``,
+    which evaluates the variable's initial value; under ``scope()`` that is
+    rank 0's value by broadcast, so every hook that reads the step in a run
+    of its own (and only rank 0 has summary and step-counter hooks) would
+    start a collective the other workers never join.
+    """
+
+    def _create_and_assert_global_step(self, graph):
+        def plain_creator(next_creator, **kwargs):  # pylint: disable=unused-argument
+            return patches.original(variable_v1, "default_variable_creator")(None, **kwargs)
+
+        with graph.as_default(), tf.compat.v1.variable_creator_scope(plain_creator):
+            return super()._create_and_assert_global_step(graph)
+
+
+def _checkpoint_saver(config) -> checkpoint.Saver:
+    """The saver every worker calls: collective's logical checkpoint saver."""
+    return checkpoint.Saver(max_to_keep=config.keep_checkpoint_max,
+                            keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+                            save_relative_paths=True)
+
+
+def _loss_metric_weighted_by_data(eval_metric_ops, loss, distribution=None):
+    """Estimator's loss metric (a mean of batch losses), leaving out the empty batches of padded input."""
+    flags = tf.compat.v1.get_collection(_EVAL_HAS_DATA)
+    if not flags or distribution is not None:
+        return _ORIGINAL_LOSS_METRIC(eval_metric_ops, loss, distribution)
+    if _LOSS_KEY in eval_metric_ops:
+        raise ValueError(f'eval_metric_ops may not contain "{_LOSS_KEY}": Estimator defines that metric')
+    eval_metric_ops[_LOSS_KEY] = tf.compat.v1.metrics.mean(loss, weights=tf.cast(flags[-1], loss.dtype))
+    return eval_metric_ops
+
+
+_EVAL_HAS_DATA = "collective_eval_has_data"
+_LOSS_KEY = "loss"
+_ORIGINAL_LOSS_METRIC = estimator_lib._verify_and_create_loss_metric  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _estimator_replaced(**functions) -> Iterator[None]:
+    """Replaces functions of tensorflow_estimator's estimator module for the duration of the block."""
+    saved = {name: getattr(estimator_lib, name) for name in functions}
+    for name, fn in functions.items():
+        setattr(estimator_lib, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(estimator_lib, name, fn)
+
+
+@contextlib.contextmanager
+def _rank0_outputs() -> Iterator[None]:
+    """On ranks other than 0: TensorFlow's INFO logs and Estimator's evaluation summaries are dropped."""
+    if comm.rank() == 0:
+        yield
+        return
+    tf_logger = logging.getLogger("tensorflow")
+    level = tf_logger.level
+    tf_logger.setLevel(max(level, logging.WARNING))
+    nothing = lambda *args, **kwargs: None  # noqa: E731
+    try:
+        with _estimator_replaced(_write_dict_to_summary=nothing, _write_checkpoint_path_to_summary=nothing):
+            yield
+    finally:
+        tf_logger.setLevel(level)

@@ -1,0 +1,239 @@
+"""Session hooks for synchronous training on N workers.
+
+- :class:`ThroughputHook`: global step, loss, global samples/s and
+  bytes/sample, logged by rank 0 every ``every_n_steps`` steps.
+- :class:`GlobalMetricsHook`: sums the local metric variables
+  (``tf.compat.v1.metrics`` totals, counts, confusion counts) over workers
+  when evaluation ends, so the values read afterwards are global.
+- :class:`SyncCheckpointSaverHook`: every worker saves at the same steps;
+  a time-based interval is decided by rank 0's clock and broadcast.
+
+Every hook here runs collectives in the session: all workers must use it
+with the same arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.core.util.event_pb2 import SessionLog
+
+from collective import comm
+
+logger = logging.getLogger(__name__)
+
+
+def _global_step_read() -> tf.Tensor:
+    step = tf.compat.v1.train.get_global_step()
+    if step is None:
+        raise RuntimeError("the hook needs a global step; create one with "
+                           "tf.compat.v1.train.get_or_create_global_step() before the session")
+    return tf.identity(step)
+
+
+def allreduce_overhead_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one worker's :func:`collective.comm.allreduce` of ``nbytes`` adds to its byte counter."""
+    return 0 if world_size == 1 else nbytes * 2 * (world_size - 1) // world_size
+
+
+class ThroughputHook(tf.compat.v1.train.SessionRunHook):
+    """Logs global step, loss, global samples/s and bytes/sample on rank 0.
+
+    Bytes/sample is the bytes all workers sent (their
+    :func:`collective.comm.bytes_counter`, summed with one allreduce at each
+    log step) divided by the global samples, over the interval since the
+    previous log; the hook's own allreduce is left out.
+
+    Args:
+      every_n_steps: log interval in global steps.
+      global_batch_size: samples per step over all workers, if fixed.
+      batch_size: samples per step on one worker (global = ``N *``), if fixed.
+      samples: a tensor with this step's global sample count (the Estimator
+        wrapper passes the synchronised input's count; exact with uneven input).
+      loss: a scalar tensor to log (e.g. the global mean loss).
+    """
+
+    def __init__(self, every_n_steps: int = 100, global_batch_size: Optional[int] = None,
+                 batch_size: Optional[int] = None, samples: Optional[tf.Tensor] = None,
+                 loss: Optional[tf.Tensor] = None):
+        if every_n_steps is None or every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive number of steps")
+        given = [x is not None for x in (global_batch_size, batch_size, samples)]
+        if sum(given) > 1:
+            raise ValueError("give at most one of global_batch_size, batch_size and samples")
+        self._every = int(every_n_steps)
+        self._fixed_samples = (global_batch_size if global_batch_size is not None else
+                               batch_size * comm.world_size() if batch_size is not None else None)
+        self._samples_tensor = samples
+        self._loss = loss
+        self.records: List[Dict[str, float]] = []
+
+    def begin(self):
+        self._step_tensor = _global_step_read()
+        counter = comm.bytes_counter()
+        self._bytes_total = comm.allreduce(tf.cast(counter.read_value(), tf.int64), "sum")
+        self._own_bytes = comm.world_size() * allreduce_overhead_bytes(8, comm.world_size())
+
+    def after_create_session(self, session, coord):  # pylint: disable=unused-argument
+        self._start_step = int(session.run(self._step_tensor))
+        self._last = (time.perf_counter(), self._start_step, self._read_bytes(session), 0)
+        self._samples_since = 0
+        self._syncs = 1
+
+    def _read_bytes(self, session) -> int:
+        return int(session.run(self._bytes_total))
+
+    def before_run(self, run_context):  # pylint: disable=unused-argument
+        fetches = {"step": self._step_tensor}
+        if self._samples_tensor is not None:
+            fetches["samples"] = self._samples_tensor
+        if self._loss is not None:
+            fetches["loss"] = self._loss
+        return tf.compat.v1.train.SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        results = run_values.results
+        self._samples_since += (int(results["samples"]) if "samples" in results else self._fixed_samples or 0)
+        # The step fetched in the run may be read before or after the update: decide on an exact read,
+        # the same on every worker, whenever the fetched value says the interval may have ended.
+        if (int(results["step"]) + 1) // self._every == self._last[1] // self._every:
+            return
+        step = int(run_context.session.run(self._step_tensor))
+        if step // self._every != self._last[1] // self._every:
+            self._record(run_context.session, step, results.get("loss"))
+
+    def _record(self, session, step: int, loss) -> None:
+        now = time.perf_counter()
+        total_bytes = self._read_bytes(session)
+        last_time, last_step, last_bytes, _ = self._last
+        sent = total_bytes - last_bytes - self._own_bytes  # the previous log's allreduce
+        samples = self._samples_since
+        record = {"step": step, "steps": step - last_step, "seconds": now - last_time,
+                  "samples": samples, "bytes": sent,
+                  "samples_per_sec": samples / max(now - last_time, 1e-9),
+                  "bytes_per_sample": sent / samples if samples else float("nan")}
+        if loss is not None:
+            record["loss"] = float(loss)
+        self.records.append(record)
+        if comm.rank() == 0:
+            loss_text = f"loss {record['loss']:.6g}, " if "loss" in record else ""
+            logger.info("step %d: %s%.1f samples/s (global, %d workers), %.1f bytes/sample", step, loss_text,
+                        record["samples_per_sec"], comm.world_size(), record["bytes_per_sample"])
+        self._last = (now, step, total_bytes, samples)
+        self._samples_since = 0
+
+    def end(self, session):
+        step = int(session.run(self._step_tensor))
+        if step != self._last[1] and self._samples_since:
+            self._record(session, step, None)
+
+
+class GlobalMetricsHook(tf.compat.v1.train.SessionRunHook):
+    """Sums metric variables over workers when evaluation ends.
+
+    ``tf.compat.v1.metrics`` keep sums (totals and counts, AUC's confusion
+    counts) in local variables of the ``METRIC_VARIABLES`` collection and
+    compute values from them; summing those variables over workers once,
+    before the values are read, gives the metric of all workers' data. The
+    hook must run its ``end`` before the hook that reads the final values
+    (Estimator's evaluation hooks do).
+    """
+
+    def __init__(self, variables: Optional[Sequence[tf.Variable]] = None):
+        self._variables = None if variables is None else list(variables)
+
+    def begin(self):
+        variables = self._variables
+        if variables is None:
+            variables = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        self._sync = tf.no_op()
+        if variables and comm.world_size() > 1:
+            summed = comm.grouped_allreduce([v.read_value() if hasattr(v, "read_value") else tf.identity(v)
+                                             for v in variables], "sum")
+            self._sync = tf.group([v.assign(s) for v, s in zip(variables, summed)], name="collective_metric_sync")
+
+    def end(self, session):
+        session.run(self._sync)
+
+
+class SyncCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
+    """``CheckpointSaverHook`` that saves on every worker at the same steps.
+
+    Every worker calls ``saver.save`` (a collective saver writes one logical
+    checkpoint from all workers' shards). With ``save_steps`` the global step
+    decides; with ``save_secs`` rank 0's clock decides and the decision is
+    broadcast in the step's own run, so workers never disagree. Only rank 0
+    writes the graph, the meta graph and the checkpoint event.
+    """
+
+    def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None, save_steps: Optional[int] = None,
+                 saver=None, checkpoint_basename: str = "model.ckpt", scaffold=None, listeners=None,
+                 save_graph_def: bool = True):
+        super().__init__(checkpoint_dir, save_secs=save_secs, save_steps=save_steps, saver=saver,
+                         checkpoint_basename=checkpoint_basename, scaffold=scaffold, listeners=listeners,
+                         save_graph_def=save_graph_def)
+        self._save_secs, self._save_steps = save_secs, save_steps
+        self._chief = comm.rank() == 0
+
+    def begin(self):
+        self._summary_writer = (tf.compat.v1.summary.FileWriterCache.get(self._checkpoint_dir)
+                                if self._chief else None)
+        self._global_step_tensor = _global_step_read()
+        self._due = tf.compat.v1.placeholder_with_default(False, [], name="collective_checkpoint_due")
+        self._due_everywhere = comm.broadcast(tf.cast(self._due, tf.int32), root_rank=0, count=False)
+        self._last_save_time = time.monotonic()
+        for listener in self._listeners:
+            listener.begin()
+
+    def after_create_session(self, session, coord):  # pylint: disable=unused-argument
+        global_step = int(session.run(self._global_step_tensor))
+        if self._chief:
+            graph = tf.compat.v1.get_default_graph()
+            if self._save_graph_def:
+                tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._checkpoint_dir, "graph.pbtxt")
+            saver = self._get_saver()
+            meta = tf.compat.v1.train.export_meta_graph(graph_def=graph.as_graph_def(add_shapes=True),
+                                                        saver_def=saver.saver_def if saver else None)
+            self._summary_writer.add_graph(graph)
+            self._summary_writer.add_meta_graph(meta)
+        self._save(session, global_step)
+        self._timer.update_last_triggered_step(global_step)
+
+    def before_run(self, run_context):  # pylint: disable=unused-argument
+        if not self._save_secs:
+            return tf.compat.v1.train.SessionRunArgs({"step": self._global_step_tensor})
+        due = self._chief and time.monotonic() - self._last_save_time >= self._save_secs
+        return tf.compat.v1.train.SessionRunArgs({"step": self._global_step_tensor, "due": self._due_everywhere},
+                                                 feed_dict={self._due: due})
+
+    def after_run(self, run_context, run_values):
+        stale = int(run_values.results["step"])
+        if self._save_secs:
+            if not run_values.results["due"]:
+                return
+        elif not self._timer.should_trigger_for_step(stale + self._steps_per_run):
+            return
+        global_step = int(run_context.session.run(self._global_step_tensor))
+        if self._save_secs or self._timer.should_trigger_for_step(global_step):
+            self._timer.update_last_triggered_step(global_step)
+            if self._save(run_context.session, global_step):
+                run_context.request_stop()
+
+    def _save(self, session, step):
+        for listener in self._listeners:
+            listener.before_save(session, step)
+        if self._chief:
+            logger.info("Saving checkpoints for %d into %s.", step, self._save_path)
+        self._get_saver().save(session, self._save_path, global_step=step, write_meta_graph=self._save_graph_def)
+        self._last_save_time = time.monotonic()
+        if self._summary_writer is not None:
+            self._summary_writer.add_session_log(
+                SessionLog(status=SessionLog.CHECKPOINT, checkpoint_path=self._save_path), step)
+        should_stop = False
+        for listener in self._listeners:
+            if listener.after_save(session, step):
+                should_stop = True
+        return should_stop

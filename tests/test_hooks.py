@@ -1,0 +1,72 @@
+"""collective.hooks in one process (the multi-worker numbers are checked in test_estimator.py)."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective import CollectiveStrategy
+from collective.hooks import GlobalMetricsHook, SyncCheckpointSaverHook, ThroughputHook
+
+
+def linear_model():
+    step = tf.compat.v1.train.get_or_create_global_step()
+    x = tf.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+    w = tf.compat.v1.get_variable("w", [2, 1], initializer=tf.compat.v1.ones_initializer())
+    loss = tf.reduce_mean(tf.matmul(x, w))
+    return loss, tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=step)
+
+
+def run_steps(hooks, steps):
+    with tf.compat.v1.train.MonitoredTrainingSession(
+            hooks=list(hooks) + [tf.compat.v1.train.StopAtStepHook(steps)]) as sess:
+        while not sess.should_stop():
+            sess.run(tf.compat.v1.get_collection("train_op")[0])
+
+
+@pytest.mark.parametrize("kwargs", [{"every_n_steps": 0}, {"batch_size": 2, "global_batch_size": 4},
+                                    {"batch_size": 2, "samples": tf.constant(1)}])
+def test_throughput_hook_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        ThroughputHook(**kwargs)
+
+
+def test_throughput_hook_records_under_monitored_training_session(caplog):
+    with CollectiveStrategy().scope(), tf.Graph().as_default():
+        loss, train_op = linear_model()
+        tf.compat.v1.add_to_collection("train_op", train_op)
+        hook = ThroughputHook(every_n_steps=2, batch_size=3, loss=loss)
+        with caplog.at_level("INFO", logger="collective.hooks"):
+            run_steps([hook], 5)
+    assert [r["step"] for r in hook.records] == [2, 4, 5]
+    assert [r["samples"] for r in hook.records] == [6, 6, 3]
+    assert all(r["bytes"] == 0 and r["bytes_per_sample"] == 0 for r in hook.records)  # one worker sends nothing
+    assert hook.records[0]["loss"] == pytest.approx(5.0 - 0.13, rel=1e-5)  # after one SGD step
+    assert sum("samples/s (global, 1 workers)" in m for m in caplog.messages) == 3
+
+
+@pytest.mark.parametrize("secs, steps, expected", [(None, 2, [0, 2, 4, 5]), (1e9, None, [0, 5])])
+def test_sync_checkpoint_saver_saves_at_steps_or_by_rank0_clock(tmp_path, secs, steps, expected):
+    with CollectiveStrategy().scope(), tf.Graph().as_default():
+        loss, train_op = linear_model()
+        tf.compat.v1.add_to_collection("train_op", train_op)
+        saver = tf.compat.v1.train.Saver(max_to_keep=10)
+        hook = SyncCheckpointSaverHook(str(tmp_path), save_secs=secs, save_steps=steps, saver=saver)
+        run_steps([hook], 5)
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    saved = sorted(int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths)
+    assert saved == expected
+    assert os.path.exists(tmp_path / "graph.pbtxt")
+
+
+def test_global_metrics_hook_leaves_one_worker_values_alone():
+    with CollectiveStrategy().scope(), tf.Graph().as_default():
+        value, update = tf.compat.v1.metrics.mean(tf.constant([1.0, 2.0, 6.0]))
+        hook = GlobalMetricsHook()
+        hook.begin()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.local_variables_initializer())
+            sess.run(update)
+            hook.end(sess)
+            assert sess.run(value) == pytest.approx(3.0)
