@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.ops import embedding_ops
 
 from collective import context, patches
-from collective.embedding import exchange
+from collective.embedding import coalescing, exchange, grouped
 from collective.embedding.table import shard_of
 
 
@@ -55,5 +55,7 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
         raise ValueError(f"max_norm is not supported for the sharded table '{info.name}'; clip the combined "
                          "vectors instead")
     weights = None if ignore_weights else sp_weights.values
+    if coalescing.can_defer():
+        return coalescing.defer(grouped.Request(table, info, ids, segment_ids, weights, combiner or "mean"))
     return exchange.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean",
                                   context.get().backend)

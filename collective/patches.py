@@ -13,6 +13,10 @@ originals exactly. Nested blocks share one installation.
 ``variables.default_variable_creator_v2``                 the same for ``tf.Variable``
 ``optimizer.Optimizer.apply_gradients``                   dense gradients averaged over workers, sharded
                                                           gradients scaled for a global mean
+``feature_column._internal_input_layer``                  ``input_layer``: sharded lookups of all columns in
+                                                          one grouped exchange
+``DenseFeatures.call`` (Keras, v1 and v2)                 the same for Keras ``DenseFeatures``
+``_SharedEmbeddingColumn._get_dense_tensor_internal``     v1 shared columns accept their sharded table
 ========================================================  =====================================================
 """
 
@@ -32,7 +36,11 @@ _saved: Dict[Tuple[object, str], object] = {}
 
 
 def _targets() -> List[Tuple[object, str, Callable]]:
+    from keras.src.feature_column import dense_features  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.feature_column import feature_column as fc_v1  # pylint: disable=import-outside-toplevel
+
     from collective import lookups, training  # pylint: disable=import-outside-toplevel
+    from collective import feature_columns  # pylint: disable=import-outside-toplevel
 
     return [
         (embedding_ops, "embedding_lookup", lookups.embedding_lookup),
@@ -41,6 +49,10 @@ def _targets() -> List[Tuple[object, str, Callable]]:
         (variable_v1, "default_variable_creator", training.broadcasting_creator_v1),
         (variables, "default_variable_creator_v2", training.broadcasting_creator_v2),
         (optimizer_lib.Optimizer, "apply_gradients", training.averaging_apply_gradients),
+        (fc_v1, "_internal_input_layer", feature_columns.internal_input_layer),
+        (dense_features.DenseFeatures, "call", feature_columns.dense_features_call),
+        (fc_v1._SharedEmbeddingColumn, "_get_dense_tensor_internal",  # pylint: disable=protected-access
+         feature_columns.shared_embedding_dense_tensor),
     ]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import threading
 from typing import Iterator, Optional
 
 import tensorflow as tf
@@ -72,8 +74,9 @@ class CollectiveStrategy:
         """
         threshold = self._context.replicate_below_bytes if replicate_below_bytes is None else replicate_below_bytes
         getter = _sharding_getter(self._context, threshold)
-        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter,
-                                         auxiliary_name_scope=False):
+        # Keras layers (``DenseFeatures``, ``add_weight``) make variables without
+        # get_variable: a variable creator shards those.
+        with _custom_getter(getter), tf.compat.v1.variable_creator_scope(_sharding_creator(self._context, threshold)):
             yield
 
     def estimator(self, model_fn, model_dir, config=None, params=None):
@@ -92,12 +95,98 @@ class CollectiveStrategy:
         return f"CollectiveStrategy(backend={self.backend!r}, rank={self.rank()}, world_size={self.world_size()})"
 
 
+@contextlib.contextmanager
+def _custom_getter(custom_getter) -> Iterator[None]:
+    """Adds ``custom_getter`` to the current variable scope for the block.
+
+    Re-entering the scope with ``variable_scope(..., custom_getter=...)``
+    would reset the numbering of its sub-scopes on exit (a second
+    ``input_layer`` would be named ``input_layer`` again): variables keep
+    the names plain TensorFlow gives them only if no scope is opened.
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    previous = scope.custom_getter
+
+    def composed(getter, *args, **kwargs):
+        inner = getter if previous is None else functools.partial(previous, getter)
+        return custom_getter(inner, *args, **kwargs)
+
+    scope.set_custom_getter(composed)
+    try:
+        yield
+    finally:
+        scope.set_custom_getter(previous)
+
+
+_getter_state = threading.local()
+
+
+@contextlib.contextmanager
+def _inside_getter() -> Iterator[None]:
+    """Marks variables made through the sharding getter: it has already decided on them."""
+    previous = getattr(_getter_state, "active", False)
+    _getter_state.active = True
+    try:
+        yield
+    finally:
+        _getter_state.active = previous
+
+
+def _replicated(ctx: context.Context, static: tf.TensorShape, dtype: tf.DType, replicate_below_bytes: int) -> bool:
+    return (modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size
+            or static.num_elements() * dtype.size < replicate_below_bytes)
+
+
+def _sharding_creator(ctx: context.Context, replicate_below_bytes: int):
+    """A variable creator that shards the 2-D trainable variables Keras makes (``add_weight``)."""
+
+    def sharding_creator(next_creator, **kwargs):
+        initial_value = kwargs.get("initial_value")
+        shape = kwargs.get("shape")
+        if shape is None and isinstance(initial_value, functools.partial) and len(initial_value.args) >= 1:
+            shape = initial_value.args[0]
+        dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32).base_dtype
+        static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
+        if (getattr(_getter_state, "active", False) or kwargs.get("trainable") is False
+                or initial_value is None or kwargs.get("variable_def") is not None
+                or _replicated(ctx, static, dtype, replicate_below_bytes)):
+            return next_creator(**kwargs)
+        vocab, dim = int(static[0]), int(static[1])
+        info = ShardInfo(name=kwargs.get("name") or "embedding", vocab=vocab, dim=dim, rank=ctx.rank,
+                         world_size=ctx.world_size)
+        local_value = _local_initial_value(initial_value, info, dtype)
+        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, dim]),
+                      dtype=dtype)
+        with creating_shard(info):
+            var = next_creator(**kwargs)
+        name = kwargs.get("name") if tf.executing_eagerly() else var.op.name
+        return tag(var, dataclasses.replace(info, name=name or info.name))
+
+    return sharding_creator
+
+
+def _local_initial_value(initial_value, info: ShardInfo, dtype: tf.DType):
+    """A callable giving this worker's rows of a Keras-style logical initial value."""
+    if isinstance(initial_value, functools.partial) and initial_value.func is not None and \
+            tuple(initial_value.args[:1]) and list(tf.TensorShape(initial_value.args[0])) == list(info.logical_shape):
+        return lambda: shard_initial_value(initial_value.func, info, dtype)
+
+    def rows_of_full_value():
+        full = initial_value() if callable(initial_value) else initial_value
+        return tf.convert_to_tensor(full, dtype=dtype)[info.rank::info.world_size]
+
+    return rows_of_full_value
+
+
 def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
     def sharding_getter(getter, name, shape=None, dtype=None, initializer=None, partitioner=None, **kwargs):
+        with _inside_getter():
+            return _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs)
+
+    def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
         dtype = tf.as_dtype(dtype or tf.float32)
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
-        if (modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size
-                or static.num_elements() * dtype.size < replicate_below_bytes):
+        if _replicated(ctx, static, dtype, replicate_below_bytes):
             return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
                                **kwargs)
         vocab, dim = int(static[0]), int(static[1])

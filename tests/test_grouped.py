@@ -8,9 +8,9 @@ on the whole global batch; the graph is checked for one exchange per group.
 import numpy as np
 import pytest
 
-from launcher import load_rank_results, run_workers
 from test_embedding import combine
 from workers import grouped_cases as cases
+from workers.grouped_runs import grouped_results
 
 BACKENDS = ["hb", "sok"]
 WORKERS = [1, 2, 3]
@@ -18,11 +18,9 @@ WORKERS = [1, 2, 3]
 
 @pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in WORKERS],
                 ids=lambda p: f"{p[0]}-{p[1]}workers")
-def grouped_run(request, tmp_path_factory):
+def grouped_run(request):
     backend, n = request.param
-    out = tmp_path_factory.mktemp(f"grouped-{backend}-{n}")
-    run_workers("grouped_worker.py", n, [out, backend])
-    return backend, n, load_rank_results(out, n)
+    return backend, n, grouped_results(backend, n)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +39,20 @@ def test_grouped_lookups_equal_numpy_and_the_per_table_path(grouped_run):
             np.testing.assert_allclose(res[r][f"grouped_{i}"], expected, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(res[r][f"ungrouped_{i}"], expected, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(res[r][f"grouped_shard_{i}"], full[r::n])
+
+
+def test_pad_to_batch_gives_every_sample_a_row(grouped_run):
+    _, n, res = grouped_run
+    batch = cases.BATCH // n
+    for r in range(n):
+        features, _ = cases.local_batch(0, r, n)
+        for i, ((rows, ids, weights), (_, vocab, dim, combiner, weighted)) in enumerate(zip(features, cases.TABLES)):
+            keep = rows < batch - 1
+            w = weights[keep] if weighted else np.ones(keep.sum(), np.float32)
+            expected = combine(cases.table_values(i, vocab, dim), rows[keep], ids[keep], w, batch, combiner)
+            assert res[r][f"padded_{i}"].shape == (batch, dim)
+            np.testing.assert_allclose(res[r][f"padded_{i}"], expected, rtol=1e-5, atol=1e-6)
+            assert not res[r][f"padded_{i}"][-1].any()
 
 
 def test_one_exchange_per_group(grouped_run):

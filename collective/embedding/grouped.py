@@ -40,12 +40,14 @@ class Request:
     segments: tf.Tensor
     weights: Optional[tf.Tensor]
     combiner: str
+    # Rows of the result; default ``max(segments) + 1`` as TensorFlow's lookup.
+    num_segments: Optional[tf.Tensor] = None
 
 
 def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.SparseTensor],
                         sp_weights_list: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
                         combiners: Optional[Sequence[str]] = None, backend: Optional[str] = None,
-                        name: Optional[str] = None) -> List[tf.Tensor]:
+                        name: Optional[str] = None, pad_to_batch: bool = False) -> List[tf.Tensor]:
     """``tf.nn.embedding_lookup_sparse`` of several tables with one exchange per group.
 
     Args:
@@ -55,9 +57,13 @@ def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.
       sp_weights_list: optional ``SparseTensor`` of weights per table (or None entries).
       combiners: ``sum``, ``mean`` or ``sqrtn`` per table (default ``mean``).
       backend: ``hb`` or ``sok`` (default: the strategy's backend).
+      name: name scope of the ops.
+      pad_to_batch: give every result ``sp_ids.dense_shape[0]`` rows (zeros
+        for samples without ids), as DeepRec's ``group_embedding_lookup_sparse``.
 
     Returns:
-      One ``[max(row) + 1, dim]`` tensor per table, as ``tf.nn.embedding_lookup_sparse`` gives.
+      One ``[max(row) + 1, dim]`` tensor per table, as ``tf.nn.embedding_lookup_sparse`` gives
+      (``[batch, dim]`` with ``pad_to_batch``).
     """
     count = len(tables)
     sp_weights_list = list(sp_weights_list) if sp_weights_list is not None else [None] * count
@@ -72,11 +78,13 @@ def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.
         for i, (table, sp_ids, sp_weights, combiner) in enumerate(zip(tables, sp_ids_list, sp_weights_list,
                                                                       combiners)):
             info = shard_of(table)
+            rows = sp_ids.dense_shape[0] if pad_to_batch else None
             if info is None:
-                outputs[i] = tf.nn.embedding_lookup_sparse(table, sp_ids, sp_weights, combiner=combiner)
+                outputs[i] = _padded(tf.nn.embedding_lookup_sparse(table, sp_ids, sp_weights, combiner=combiner),
+                                     rows)
                 continue
             requests.append(Request(table, info, sp_ids.values, sp_ids.indices[:, 0],
-                                    None if sp_weights is None else sp_weights.values, combiner))
+                                    None if sp_weights is None else sp_weights.values, combiner, rows))
             at.append(i)
         for i, out in zip(at, combine_group(requests, backend)):
             outputs[i] = out
@@ -93,8 +101,8 @@ def combine_group(requests: Sequence[Request], backend: Optional[str] = None) ->
             raise ValueError(f"combiner {req.combiner!r} for table '{req.info.name}' is not one of "
                              f"{', '.join(exchange.COMBINERS)}")
         if req.info.world_size == 1 or req.info.hash_index is not None:
-            outputs[i] = exchange.lookup_sparse(req.table, req.info, req.ids, req.segments, req.weights,
-                                                req.combiner, backend)
+            outputs[i] = _padded(exchange.lookup_sparse(req.table, req.info, req.ids, req.segments, req.weights,
+                                                        req.combiner, backend), req.num_segments)
             continue
         key = (req.table.dtype.base_dtype,) if backend == "sok" else (req.table.dtype.base_dtype, req.info.dim)
         grouped.setdefault(key, []).append(i)
@@ -120,8 +128,19 @@ def _prepare(req: Request) -> _Prepared:
     segments = tf.cast(req.segments, tf.int64)
     dtype = req.table.dtype.base_dtype
     weights = tf.ones_like(ids, dtype=dtype) if req.weights is None else tf.cast(req.weights, dtype)
-    num_segments = tf.reduce_max(tf.concat([segments, [-1]], axis=0)) + 1
+    if req.num_segments is None:
+        num_segments = tf.reduce_max(tf.concat([segments, [-1]], axis=0)) + 1
+    else:
+        num_segments = tf.cast(req.num_segments, tf.int64)
     return _Prepared(req, ids, segments, weights, num_segments)
+
+
+def _padded(vectors: tf.Tensor, rows: Optional[tf.Tensor]) -> tf.Tensor:
+    """``vectors`` with zero rows appended up to ``rows`` (unchanged when ``rows`` is None)."""
+    if rows is None:
+        return vectors
+    missing = tf.cast(rows, tf.int32) - tf.shape(vectors)[0]
+    return tf.pad(vectors, [[0, tf.maximum(missing, 0)], [0, 0]])
 
 
 def _combine(vectors, p: _Prepared) -> tf.Tensor:
