@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training.saving import saveable_object_util
 
+from collective.embedding.hash_table import HASH_INDEX_STATE_COLLECTION
 from collective.embedding.table import shard_of
 
 Shape = Tuple[Optional[int], ...]
@@ -63,6 +64,8 @@ def split_var_list(var_list=None):
         items = list(var_list.items())
     else:
         items = [(None, v) for v in var_list]
+    index_state = {id(v) for v in tf.compat.v1.get_collection(HASH_INDEX_STATE_COLLECTION)}
+    items = [(k, v) for k, v in items if id(v) not in index_state]  # rebuilt from the stored keys
     sharded = [v for _, v in items if shard_of(v) is not None]
     rest = [(k, v) for k, v in items if shard_of(v) is None]
     if not rest:
@@ -80,7 +83,8 @@ def check_shapes(expected: Mapping[str, Shape], checkpoint_path: str) -> Dict[st
     Returns the checkpoint's shape map.
     """
     found = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
-    missing = sorted(k for k in expected if k not in found)
+    # Hash tables (unknown row count) may be absent: no worker held a key.
+    missing = sorted(k for k in expected if k not in found and not (expected[k] and expected[k][0] is None))
     for key in sorted(expected):
         want, have = expected[key], found.get(key)
         if have is None or want is None:

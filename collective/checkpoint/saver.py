@@ -38,7 +38,7 @@ from tensorflow.python.training import training_util
 from tensorflow.python.util import compat
 
 from collective import comm
-from collective.checkpoint import layout
+from collective.checkpoint import hash_tables, layout
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, split_var_list
 from collective.embedding.table import shard_of
 
@@ -61,7 +61,7 @@ def stored_row_splits(reader, shapes, key: str) -> np.ndarray:
     splits_key = row_splits_key(key)
     if reader.has_tensor(splits_key):
         return np.asarray(reader.get_tensor(splits_key), np.int64)
-    return np.array([0, shapes[key][0]], np.int64)
+    return np.array([0, shapes[key][0]] if key in shapes else [0], np.int64)
 
 
 class Saver(saver_lib.Saver):
@@ -99,11 +99,15 @@ class Saver(saver_lib.Saver):
                 return
             raise ValueError("No variables to save")
         self._is_empty = False
-        self._sharded_vars, self._saveables = sharded, saveables
+        self._families = hash_tables.families(sharded)
+        self._sharded_vars = [v for v in sharded if shard_of(v).hash_index is None]
+        self._saveables = saveables
         self._expected_shapes = model_shapes(sharded, saveables)
+        for family in self._families:
+            self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
         with tf.name_scope(self._name or "collective_save"):
-            self._build_save_ops(sharded, saveables)
-            self._build_restore_ops(sharded, saveables)
+            self._build_save_ops(self._sharded_vars, saveables)
+            self._build_restore_ops(self._sharded_vars, saveables)
         self.saver_def = saver_pb2.SaverDef(
             filename_tensor_name=self._restore_prefix.name, save_tensor_name=self._save_tensor.name,
             restore_op_name=self._restore_op.name, max_to_keep=self._max_to_keep, sharded=True,
@@ -123,6 +127,8 @@ class Saver(saver_lib.Saver):
             specs.append(f"{info.vocab} {info.dim} {lo},{hi - lo}:-")
             tensors.append(layout.contiguous_block(var.read_value(), info))
         self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
+        for t, family in enumerate(self._families):
+            hash_tables.build_save(family, tf.strings.join([self._part_prefix, f"-hash{t}"]))
         rep_names, rep_specs, rep_tensors = [], [], []
         for saveable in saveables:
             for spec in saveable.specs:
@@ -134,6 +140,10 @@ class Saver(saver_lib.Saver):
             rep_names.append(row_splits_key(checkpoint_key(var)))
             rep_specs.append("")
             rep_tensors.append(tf.constant(layout.block_bounds(info.vocab, info.world_size), tf.int64))
+        for family in self._families:
+            rep_names.append(row_splits_key(family.name))
+            rep_specs.append("")
+            rep_tensors.append(family.row_splits)
         self._replicated_save = io_ops.save_v2(self._replicated_prefix, rep_names, rep_specs, rep_tensors)
         with tf.control_dependencies([self._shard_save]):
             self._save_tensor = tf.identity(self._part_prefix, name="saved_part")
@@ -162,6 +172,8 @@ class Saver(saver_lib.Saver):
             ops.append(saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
                 self._restore_prefix, saveables, restore_sequentially=False, reshape=False))
         self._restore_op = tf.group(*ops, name="restore_all")
+        for family in self._families:
+            hash_tables.build_restore(family, self._restore_prefix, comm.rank(), comm.world_size())
 
     # ------------------------------------------------------------------ save
 
@@ -191,11 +203,12 @@ class Saver(saver_lib.Saver):
         n, rank = comm.world_size(), comm.rank()
         shard_parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}") for s in range(n)]
         replicated_part = os.path.join(parts_dir, "replicated")
-        parts = (shard_parts if self._sharded_vars else []) + [replicated_part]
+        dense_parts = shard_parts if self._sharded_vars else []
 
         error = _attempt(lambda: self._write_parts(sess, parts_dir, shard_parts[rank], replicated_part))
         self._agree(sess, error, f"writing its part of checkpoint {checkpoint_file}")
         if rank == 0:
+            parts = dense_parts + self._hash_parts(shard_parts) + [replicated_part]
             error = _attempt(lambda: self._commit(sess, parts, checkpoint_file, save_path, latest_filename,
                                                   meta_graph_suffix, write_state))
         elif write_state:
@@ -212,12 +225,17 @@ class Saver(saver_lib.Saver):
     def _write_parts(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
         """Writes this worker's part (and on rank 0 the replicated variables)."""
         tf.io.gfile.makedirs(parts_dir)
-        fetches = [self._shard_save]
+        fetches = [self._shard_save] + [family.save for family in self._families]
         feed = {self._part_prefix: shard_part}
         if comm.rank() == 0:
             fetches.append(self._replicated_save)
             feed[self._replicated_prefix] = replicated_part
         sess.run(fetches, feed)
+
+    def _hash_parts(self, shard_parts: List[str]) -> List[str]:
+        """The hash-table parts the workers wrote (a worker holding no key of a table writes none)."""
+        candidates = [f"{part}-hash{t}" for part in shard_parts for t in range(len(self._families))]
+        return [p for p in candidates if tf.io.gfile.exists(p + ".index")]
 
     def _commit(self, sess, parts, checkpoint_file, save_path, latest_filename, meta_graph_suffix,
                 write_state) -> None:
@@ -263,6 +281,9 @@ class Saver(saver_lib.Saver):
         for key, splits in self._row_splits.items():
             feed[splits] = stored_row_splits(reader, shapes, key)
         sess.run(self._restore_op, feed)
+        for family in self._families:
+            hash_tables.restore(sess, family, prefix, self._restore_prefix,
+                                stored_row_splits(reader, shapes, family.name))
 
 
 def _attempt(step) -> Optional[BaseException]:

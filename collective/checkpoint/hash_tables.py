@@ -1,0 +1,115 @@
+"""Checkpoints of hash-table vocabularies: keys plus their rows, whatever the world size.
+
+A hash table ``<name>`` is stored as ``<name>/keys`` ``[K]`` int64, ``<name>``
+``[K, dim]`` and each optimizer slot ``[K, dim]``, all in the same key
+order: worker 0's keys (by local row), then worker 1's, ... Each worker
+writes its ``count`` rows as slices at the offset an allgather of counts
+gives, into its own part (no part when it holds no key: a slice cannot be
+empty); rank 0 stores the counts' bounds under
+``_collective/row_splits/<name>``. Restoring under ``M`` workers clears the
+index, then reads the stored blocks one at a time, keeps the keys with
+``floormod(key, M) == rank``, inserts them and writes their values and slot
+rows at the rows the index hands out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import io_ops
+
+from collective import comm
+from collective.checkpoint import layout
+from collective.checkpoint.model_dir import checkpoint_key
+from collective.embedding.table import shard_of
+
+
+def keys_key(name: str) -> str:
+    """The checkpoint key of a hash table's keys."""
+    return f"{name}/keys"
+
+
+@dataclasses.dataclass
+class HashFamily:
+    """One hash table: its values variable, its slots and the ops that save and restore them."""
+
+    index: object
+    variables: List[tf.Variable]  # values first, then slots
+    name: str = ""
+    row_splits: tf.Tensor = None
+    save: tf.Operation = None
+    restore_init: tf.Operation = None
+    restore_block: tf.Operation = None
+    block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+
+
+def families(sharded: List[tf.Variable]) -> List[HashFamily]:
+    """The hash tables among ``sharded``, their values variable first (slots follow it)."""
+    found: Dict[int, HashFamily] = {}
+    for var in sharded:
+        index = shard_of(var).hash_index
+        if index is None:
+            continue
+        family = found.setdefault(id(index), HashFamily(index, []))
+        family.variables.append(var)
+    for family in found.values():
+        values = [v for v in family.variables if checkpoint_key(v) == family.index.name]
+        if not values:
+            raise ValueError(f"hash table {family.index.name}: the checkpoint's var_list holds its optimizer "
+                             "slots but not its values variable; save the table with its slots")
+        family.variables.sort(key=lambda v: (v is not values[0], checkpoint_key(v)))
+        family.name = checkpoint_key(values[0])
+    return list(found.values())
+
+
+def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
+    """Adds this worker's save of ``family`` (a no-op when it holds no key) and the row bounds."""
+    keys, rows = family.index.entries()
+    count = tf.size(keys, out_type=tf.int64)
+    counts = comm.allgather(tf.reshape(count, [1]))
+    family.row_splits = tf.concat([[0], tf.cumsum(counts)], axis=0)
+    offset = family.row_splits[comm.rank()]
+    total = family.row_splits[-1]
+    names = [keys_key(family.name)] + [checkpoint_key(v) for v in family.variables]
+    specs = [layout.slice_spec([total], offset, count)] + [
+        layout.slice_spec([total, int(v.shape[1])], offset, count) for v in family.variables]
+    tensors = [keys] + [tf.gather(v.read_value(), rows) for v in family.variables]
+
+    def write():
+        with tf.control_dependencies([io_ops.save_v2(part_prefix, names, tf.stack(specs), tensors)]):
+            return tf.constant(True)
+
+    family.save = tf.cond(count > 0, write, lambda: tf.constant(False))
+
+
+def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: int) -> None:
+    """Adds the ops restoring ``family``: clear (run once), then one run per stored block."""
+    index, variables = family.index, family.variables
+    # Rows not restored keep their initial values: a key inserted later finds its slot rows as at the start.
+    family.restore_init = tf.group(index.clear(), *[v.initializer for v in variables])
+    lo = tf.compat.v1.placeholder(tf.int64, [], name="block_start")
+    hi = tf.compat.v1.placeholder(tf.int64, [], name="block_end")
+    total = tf.compat.v1.placeholder(tf.int64, [], name="keys_total")
+    family.block_feed = {"lo": lo, "hi": hi, "total": total}
+    names = [keys_key(family.name)] + [checkpoint_key(v) for v in variables]
+    specs = [layout.slice_spec([total], lo, hi - lo)] + [
+        layout.slice_spec([total, int(v.shape[1])], lo, hi - lo) for v in variables]
+    stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
+    keys = tf.reshape(stored[0], [-1])
+    mine = tf.equal(tf.math.floormod(keys, world_size), rank)
+    rows = index.find_or_insert(tf.boolean_mask(keys, mine))
+    family.restore_block = tf.group(*[
+        v.scatter_update(tf.IndexedSlices(tf.boolean_mask(tf.reshape(values, [-1, int(v.shape[1])]), mine), rows))
+        for v, values in zip(variables, stored[1:])])
+
+
+def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:
+    """Clears the index and inserts this worker's keys block by block (``splits``: stored row bounds)."""
+    sess.run(family.restore_init)
+    bounds = np.unique(np.asarray(splits, np.int64))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        sess.run(family.restore_block, {prefix_tensor: prefix, family.block_feed["lo"]: lo,
+                                        family.block_feed["hi"]: hi, family.block_feed["total"]: bounds[-1]})

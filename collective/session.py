@@ -1,0 +1,180 @@
+"""``MonitoredTrainingSession`` and checkpoint hooks for synchronous workers.
+
+Inside ``CollectiveStrategy.scope()`` (see :mod:`collective.patches`):
+
+- ``tf.compat.v1.train.MonitoredTrainingSession`` is :func:`MonitoredTrainingSession`:
+  every worker creates, initialises and restores its session as a chief
+  (each holds its own shards), every worker saves checkpoints at the same
+  steps with :class:`collective.checkpoint.Saver`, and only rank 0 writes
+  summaries, step counters, ``graph.pbtxt`` and event files or runs
+  ``chief_only_hooks``.
+- a ``Scaffold`` without a saver gets a :class:`collective.checkpoint.Saver`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+import tensorflow as tf
+from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util
+
+from collective import comm, patches
+from collective.checkpoint import Saver
+
+logger = logging.getLogger("collective.session")
+
+USE_DEFAULT = monitored_session.USE_DEFAULT
+_DEFAULT_CHECKPOINT_SECS = 600
+
+
+def default_saver():
+    """The graph's saver (collection ``SAVERS``), else a new :class:`collective.checkpoint.Saver` added to it."""
+    savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+    if savers:
+        if len(savers) > 1:
+            raise RuntimeError("More than one item in collection SAVERS. Please indicate which one to use by "
+                               "passing it to the constructor.")
+        return savers[0]
+    saver = Saver(sharded=True, allow_empty=True)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+    return saver
+
+
+class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
+    """``tf.compat.v1.train.CheckpointSaverHook`` that every worker runs.
+
+    Every worker saves at the same steps: with ``save_steps`` the global step
+    (equal everywhere) decides; with ``save_secs`` the workers agree after
+    each step (one small allreduce per step) so that a save starts on all of
+    them or on none. Only rank 0 writes ``graph.pbtxt`` and event files.
+    """
+
+    def __init__(self, checkpoint_dir, save_secs=None, save_steps=None, saver=None,
+                 checkpoint_basename="model.ckpt", scaffold=None, listeners=None, save_graph_def=True):
+        super().__init__(checkpoint_dir, save_secs=save_secs, save_steps=save_steps, saver=saver,
+                         checkpoint_basename=checkpoint_basename, scaffold=scaffold, listeners=listeners,
+                         save_graph_def=save_graph_def)
+        self._by_time = save_secs is not None
+        self._chief = comm.rank() == 0
+
+    def begin(self):
+        self._summary_writer = (tf.compat.v1.summary.FileWriterCache.get(self._checkpoint_dir)
+                                if self._chief else None)
+        self._global_step_tensor = tf.compat.v1.train.get_global_step()
+        if self._global_step_tensor is None:
+            raise RuntimeError("Global step should be created to use CheckpointSaverHook.")
+        if self._by_time:
+            self._due = tf.compat.v1.placeholder(tf.int32, [], name="checkpoint_due")
+            self._any_due = comm.allreduce_max(self._due)
+        for listener in self._listeners:
+            listener.begin()
+
+    def after_create_session(self, session, coord):
+        global_step = session.run(self._global_step_tensor)
+        if self._chief:
+            if self._save_graph_def:
+                tf.io.write_graph(tf.compat.v1.get_default_graph().as_graph_def(add_shapes=True),
+                                  self._checkpoint_dir, "graph.pbtxt")
+            graph = tf.compat.v1.get_default_graph()
+            saver = self._get_saver()
+            meta_graph_def = tf.compat.v1.train.export_meta_graph(
+                graph_def=graph.as_graph_def(add_shapes=True), saver_def=saver.saver_def if saver else None)
+            self._summary_writer.add_graph(graph)
+            self._summary_writer.add_meta_graph(meta_graph_def)
+        self._save(session, global_step)
+        self._timer.update_last_triggered_step(global_step)
+
+    def after_run(self, run_context, run_values):
+        stale_global_step = run_values.results
+        due = self._timer.should_trigger_for_step(stale_global_step + self._steps_per_run)
+        if self._by_time:
+            due = bool(run_context.session.run(self._any_due, {self._due: int(due)}))
+        if not due:
+            return
+        global_step = run_context.session.run(self._global_step_tensor)
+        if self._by_time or self._timer.should_trigger_for_step(global_step):
+            self._timer.update_last_triggered_step(global_step)
+            if self._save(run_context.session, global_step):
+                run_context.request_stop()
+
+    def _save(self, session, step):
+        for listener in self._listeners:
+            listener.before_save(session, step)
+        logger.info("Saving checkpoints for %d into %s.", step, self._save_path)
+        self._get_saver().save(session, self._save_path, global_step=step, write_meta_graph=self._save_graph_def)
+        if self._chief:
+            self._summary_writer.add_session_log(
+                tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.CHECKPOINT,
+                                        checkpoint_path=self._save_path), step)
+        should_stop = False
+        for listener in self._listeners:
+            if listener.after_save(session, step):
+                should_stop = True
+        return should_stop
+
+
+def ensure_global_step_read(graph: Optional[tf.Graph] = None) -> Optional[tf.Tensor]:
+    """Registers a global-step read that runs no collective, before TensorFlow makes its own.
+
+    TensorFlow's ``_get_or_create_global_step_read`` falls back to the global
+    step's ``initial_value``, which inside ``scope()`` is rank 0's value
+    broadcast: every evaluation of that read would run a broadcast, and the
+    hooks that evaluate it on rank 0 only (step counter, summaries) would
+    hang the job. Call this after creating the global step and before any
+    hook's ``begin()``; MonitoredTrainingSession does.
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    existing = graph.get_collection(training_util.GLOBAL_STEP_READ_KEY)
+    if existing:
+        return existing[0]
+    step = tf.compat.v1.train.get_global_step(graph)
+    if step is None:
+        return None
+    with graph.as_default(), graph.name_scope(None), graph.name_scope(step.op.name + "/"):
+        value = tf.cond(tf.compat.v1.is_variable_initialized(step), step.read_value,
+                        lambda: tf.zeros([], step.dtype.base_dtype))
+        read = tf.add(value, 0, name="read_no_collective")
+    graph.add_to_collection(training_util.GLOBAL_STEP_READ_KEY, read)
+    return read
+
+
+def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaffold=None, hooks=None,  # pylint: disable=invalid-name
+                             chief_only_hooks=None, save_checkpoint_secs=USE_DEFAULT,
+                             save_summaries_steps=USE_DEFAULT, save_summaries_secs=USE_DEFAULT, config=None,
+                             stop_grace_period_secs=120, log_step_count_steps=100, max_wait_secs=7200,
+                             save_checkpoint_steps=USE_DEFAULT, summary_dir=None, save_graph_def=True):
+    """``tf.compat.v1.train.MonitoredTrainingSession`` for synchronous workers (same arguments).
+
+    Every worker is a chief for session creation (``is_chief`` is ignored:
+    each worker initialises or restores its own shards); rank 0 alone runs
+    ``chief_only_hooks`` and writes summaries and step counts. Checkpoints
+    are written by all workers together with :class:`CheckpointSaverHook`.
+    """
+    del is_chief
+    chief = comm.rank() == 0
+    ensure_global_step_read()
+    if save_checkpoint_secs == USE_DEFAULT and save_checkpoint_steps == USE_DEFAULT:
+        save_checkpoint_secs, save_checkpoint_steps = _DEFAULT_CHECKPOINT_SECS, None
+    elif save_checkpoint_secs == USE_DEFAULT:
+        save_checkpoint_secs = None
+    elif save_checkpoint_steps == USE_DEFAULT:
+        save_checkpoint_steps = None
+    all_hooks: List = []
+    if checkpoint_dir and ((save_checkpoint_secs and save_checkpoint_secs > 0)
+                           or (save_checkpoint_steps and save_checkpoint_steps > 0)):
+        all_hooks.append(CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs or None,
+                                             save_steps=save_checkpoint_steps or None, scaffold=scaffold,
+                                             save_graph_def=save_graph_def))
+    all_hooks.extend(hooks or [])
+    original = patches.original(monitored_session, "MonitoredTrainingSession")
+    if not chief:
+        save_summaries_steps = save_summaries_secs = log_step_count_steps = None
+        summary_dir, chief_only_hooks = None, None
+    return original(master=master, is_chief=True, checkpoint_dir=checkpoint_dir, scaffold=scaffold,
+                    hooks=all_hooks, chief_only_hooks=chief_only_hooks, save_checkpoint_secs=None,
+                    save_summaries_steps=save_summaries_steps, save_summaries_secs=save_summaries_secs,
+                    config=config, stop_grace_period_secs=stop_grace_period_secs,
+                    log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
+                    save_checkpoint_steps=None, summary_dir=summary_dir, save_graph_def=save_graph_def)
+
