@@ -1,0 +1,40 @@
+"""``hb.estimator``: HybridBackend's Estimator names over :mod:`collective.estimator`.
+
+    model = hb.estimator.Estimator(model_fn=model_fn, model_dir=model_dir)
+    hb.estimator.train_and_evaluate(model, train_spec, eval_spec)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from collective.hb.scope import strategy
+
+EstimatorSpec = tf.estimator.EstimatorSpec
+
+
+def Estimator(model_fn: Callable, model_dir: Optional[str] = None, config=None, params=None,  # noqa: N802
+              **kwargs):
+    """An Estimator that trains, evaluates, predicts and exports on every worker.
+
+    ``model_dir`` (or ``config.model_dir``) is required: every worker must
+    name the same directory, which a per-process temporary one is not.
+    Other keyword arguments go to :class:`collective.estimator.CollectiveEstimator`.
+    """
+    model_dir = model_dir or getattr(config, "model_dir", None)
+    if not model_dir:
+        raise ValueError("hb.estimator.Estimator needs model_dir (or a RunConfig with model_dir): every worker "
+                         "must use the same directory, so a temporary one per process cannot work")
+    from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
+
+    return build_estimator(strategy(), model_fn, model_dir, config=config, params=params, **kwargs)
+
+
+def train_and_evaluate(estimator, train_spec: tf.estimator.TrainSpec, eval_spec: tf.estimator.EvalSpec):
+    """Trains and evaluates ``estimator`` (made by :func:`Estimator`) on every worker."""
+    if not hasattr(estimator, "train_and_evaluate"):
+        raise TypeError(f"hb.estimator.train_and_evaluate needs an estimator made by hb.estimator.Estimator, got "
+                        f"{type(estimator).__name__}")
+    return estimator.train_and_evaluate(train_spec, eval_spec)

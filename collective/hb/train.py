@@ -1,0 +1,158 @@
+"""``hb.train``: optimizer wrappers, ``Server``, ``device_setter`` and ``MonitoredTrainingSession``.
+
+Every ``tf.compat.v1.train`` optimizer has a wrapper of the same name here
+(``hb.train.AdamOptimizer``...), and :func:`wraps_optimizer` makes one of a
+user's class. A wrapped optimizer trains synchronously inside or outside
+``hb.scope()``: dense gradients are averaged over workers and sharded
+tables' gradients scaled, exactly as :mod:`collective.training` does for
+every optimizer inside the scope (the wrapper calls TensorFlow's own
+``apply_gradients``, not the scope's, so nothing is averaged twice).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import List, Optional
+
+import tensorflow as tf
+from tensorflow.python.training import optimizer as optimizer_lib
+
+from collective import comm, context, patches, training
+from collective.embedding.table import shard_of
+
+logger = logging.getLogger("collective.hb")
+
+# tf.compat.v1.train optimizers that get no wrapper, and why.
+_NOT_WRAPPED = {
+    "Optimizer": "it is the abstract base class; decorate your subclass with hb.train.wraps_optimizer",
+    "SyncReplicasOptimizer": "it aggregates through parameter servers; every hb.train optimizer is already "
+                             "synchronous over all workers",
+}
+
+
+def _apply_impl(cls: type):
+    """The ``apply_gradients`` that ``cls`` inherits, and whether it is TensorFlow's base one."""
+    for klass in cls.__mro__:
+        if "apply_gradients" in klass.__dict__:
+            return klass.__dict__["apply_gradients"], klass is optimizer_lib.Optimizer
+    raise TypeError(f"{cls.__name__} has no apply_gradients; wraps_optimizer needs a tf.compat.v1.train.Optimizer")
+
+
+def wraps_optimizer(cls: type) -> type:
+    """Makes a synchronous version of the ``tf.compat.v1.train.Optimizer`` subclass ``cls``.
+
+    Usable as a class decorator (``@hb.train.wraps_optimizer``). The returned
+    class has the same name, constructor and behaviour except that
+    ``apply_gradients`` (hence ``minimize``) averages dense gradients over
+    workers and scales sharded tables' gradients for a global mean.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, optimizer_lib.Optimizer)):
+        raise TypeError(f"hb.train.wraps_optimizer needs a subclass of tf.compat.v1.train.Optimizer, got {cls!r}; "
+                        "Keras optimizers are not supported here")
+    if getattr(cls, "_collective_wrapped", False):
+        return cls
+    impl, inherits_base = _apply_impl(cls)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        comm.init()
+        pairs = training.average_gradients(grads_and_vars)
+        if inherits_base:
+            # TensorFlow's own apply_gradients, never the scope's averaging one: averaged once, here.
+            return patches.original(optimizer_lib.Optimizer, "apply_gradients")(
+                self, pairs, global_step=global_step, name=name)
+        return impl(self, pairs, global_step=global_step, name=name)
+
+    apply_gradients.__doc__ = (f"{cls.__name__}.apply_gradients on gradients averaged over workers "
+                               "(sharded tables' gradients scaled for a global mean).")
+    namespace = {"apply_gradients": apply_gradients, "_collective_wrapped": True,
+                 "__doc__": f"Synchronous {cls.__name__} over all workers (see hb.train.wraps_optimizer).\n\n"
+                            + (inspect.getdoc(cls) or ""),
+                 "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    return type(cls.__name__, (cls,), namespace)
+
+
+def _generate_wrappers() -> List[str]:
+    names = []
+    for name, value in vars(tf.compat.v1.train).items():
+        if (name in _NOT_WRAPPED or not isinstance(value, type)
+                or not issubclass(value, optimizer_lib.Optimizer)):
+            continue
+        wrapped = wraps_optimizer(value)
+        wrapped.__module__ = __name__
+        globals()[name] = wrapped
+        names.append(name)
+    return sorted(names)
+
+
+OPTIMIZERS = _generate_wrappers()
+
+
+def __getattr__(name: str):
+    if name in _NOT_WRAPPED:
+        raise AttributeError(f"hb.train.{name} is not provided: {_NOT_WRAPPED[name]}. "
+                             f"Available optimizers: {', '.join(OPTIMIZERS)}")
+    raise AttributeError(f"module 'collective.hb.train' has no attribute {name!r}")
+
+
+class Server:
+    """HybridBackend's ``hb.train.Server``: the in-process target every worker's session uses.
+
+    Workers talk through Horovod, not through TensorFlow's gRPC servers, so
+    ``target`` is ``""`` (an in-process session). The cluster comes from the
+    launcher's environment (:mod:`collective.context`); ``server_def`` and
+    similar arguments of ``tf.distribute.Server`` are refused by name.
+    """
+
+    def __init__(self, **kwargs):
+        if kwargs:
+            raise TypeError(f"hb.train.Server() got unsupported argument(s) {', '.join(sorted(kwargs))}; it reads "
+                            "the cluster from the environment set by python -m collective.launch")
+        comm.init()
+        self.target = ""
+
+    def join(self) -> None:
+        """Parameter servers wait here in HybridBackend; collective has none, so this returns at once."""
+
+
+def device_setter() -> str:
+    """The device this worker's graph goes on: ``/gpu:0`` (the launcher's one GPU per worker) or ``/cpu:0``."""
+    return context.get().device
+
+
+class _BroadcastDenseVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Sets every replicated global variable to rank 0's value once the session exists.
+
+    Models built outside ``hb.scope()`` (as HybridBackend's recipes are)
+    create dense variables with each worker's own random initial values;
+    sharded tables are left alone.
+    """
+
+    def begin(self):
+        variables = [v for v in tf.compat.v1.global_variables() if shard_of(v) is None]
+        self._op = tf.group(*[v.assign(comm.broadcast(v.read_value(), 0, count=False)) for v in variables]) \
+            if variables else tf.no_op()
+
+    def after_create_session(self, session, coord):
+        session.run(self._op)
+
+
+def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint_dir: Optional[str] = None,  # noqa: N802
+                             hooks=None, **kwargs):
+    """HybridBackend's ``hb.train.MonitoredTrainingSession`` (the arguments of TensorFlow's).
+
+    Every worker passes ``is_chief=True`` (each initialises its own shards).
+    Dense variables start as rank 0's; checkpoints, when ``checkpoint_dir``
+    is given, go through :func:`collective.session.MonitoredTrainingSession`
+    (whole logical tables, restorable on any number of workers).
+    """
+    comm.init()
+    hooks = list(hooks or [])
+    if comm.world_size() > 1:
+        hooks.append(_BroadcastDenseVariablesHook())
+    try:
+        from collective.session import MonitoredTrainingSession as session_fn  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        logger.warning("collective.session is not available: checkpoints use TensorFlow's own saver")
+        session_fn = tf.compat.v1.train.MonitoredTrainingSession
+    return session_fn(master=master, is_chief=is_chief, checkpoint_dir=checkpoint_dir, hooks=hooks, **kwargs)

@@ -1,0 +1,164 @@
+"""collective.hb (HybridBackend's API): optimizer wrappers, scopes, context, options, recipes.
+
+Multi-process cases run through the launcher on 1, 2 and 3 workers and are
+compared with one plain TensorFlow process training on the whole global batch.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from launcher import load_rank_results, run_workers
+import sys, pathlib
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "workers"))
+from workers import api_hb_cases as hbc  # noqa: E402
+from workers import embedding_cases as cases
+
+WORKERS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=lambda n: f"{n}workers")
+def hb_run(request, tmp_path_factory):
+    n = request.param
+    out = tmp_path_factory.mktemp(f"hb-{n}")
+    run_workers("api_hb_worker.py", n, [out], timeout=900)
+    return n, load_rank_results(out, n)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    batches = [cases.global_batch(step) for step in range(cases.STEPS)]
+    runs = {name: hbc.train(lambda: getattr(tf.compat.v1.train, name)(**kwargs), batches)
+            for name, kwargs in hbc.OPTIMIZERS.items()}
+    runs["user"] = hbc.train(lambda: hbc.PlainSGD(0.5), batches)
+    return runs
+
+
+def _check(res, n, prefix, expected):
+    losses, (table, w) = expected
+    np.testing.assert_allclose(np.mean([res[r][f"{prefix}_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    for r in range(n):
+        np.testing.assert_allclose(res[r][f"{prefix}_table"], table[r::n], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{prefix}_w"], w, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(table, cases.table_values(1)), "training did not move the table"
+
+
+@pytest.mark.parametrize("name", list(hbc.OPTIMIZERS))
+def test_wrapped_optimizer_trains_like_one_process(hb_run, reference, name):
+    n, res = hb_run
+    _check(res, n, name, reference[name])
+
+
+@pytest.mark.parametrize("name", ["AdagradOptimizer", "FtrlOptimizer"])
+def test_wrapper_inside_scope_does_not_average_twice(hb_run, reference, name):
+    n, res = hb_run
+    _check(res, n, f"scoped_{name}", reference[name])
+
+
+def test_wraps_optimizer_on_a_user_class(hb_run, reference):
+    n, res = hb_run
+    _check(res, n, "user", reference["user"])
+
+
+def test_every_tf_train_optimizer_has_a_wrapper():
+    import collective.hb as hb
+
+    expected = {name for name, value in vars(tf.compat.v1.train).items()
+                if isinstance(value, type) and issubclass(value, tf.compat.v1.train.Optimizer)}
+    expected -= {"Optimizer", "SyncReplicasOptimizer"}
+    assert set(hb.train.OPTIMIZERS) == expected
+    for name in expected:
+        wrapped = getattr(hb.train, name)
+        assert issubclass(wrapped, getattr(tf.compat.v1.train, name)) and wrapped.__name__ == name
+    with pytest.raises(AttributeError, match="SyncReplicasOptimizer is not provided.*AdamOptimizer"):
+        getattr(hb.train, "SyncReplicasOptimizer")
+    with pytest.raises(TypeError, match="tf.compat.v1.train.Optimizer"):
+        hb.train.wraps_optimizer(tf.keras.optimizers.SGD)
+
+
+def test_context_and_tuning_options(monkeypatch):
+    import collective.hb as hb
+    from collective import context
+
+    monkeypatch.setenv("HB_COMM_DEFAULT", "gloo")
+    monkeypatch.setenv("HB_COMM_POOL_CAPACITY", "4")
+    context.reset()
+    try:
+        assert (hb.context.rank, hb.context.world_size) == (0, 1)
+        assert hb.context.options.comm_default == "GLOO"
+        assert hb.context.options.comm_pool_capacity == 4
+        monkeypatch.setenv("HB_COMM_DEFAULT", "carrier-pigeon")
+        context.reset()
+        with pytest.raises(context.OptionError, match="HB_COMM_DEFAULT='CARRIER-PIGEON' is not one of NCCL, GLOO"):
+            hb.context.options.comm_default  # pylint: disable=pointless-statement
+    finally:
+        monkeypatch.delenv("HB_COMM_DEFAULT")
+        monkeypatch.delenv("HB_COMM_POOL_CAPACITY")
+        context.reset()
+
+
+def test_unknown_arguments_are_named():
+    import collective.hb as hb
+
+    with pytest.raises(TypeError, match="emb_device"):
+        with hb.scope(emb_device="/cpu:0"):
+            pass
+    with pytest.raises(TypeError, match="server_def"):
+        hb.train.Server(server_def=None)
+    with pytest.raises(ValueError, match="model_dir"):
+        hb.estimator.Estimator(model_fn=lambda features, labels, mode: None)
+    assert hb.train.Server().target == ""
+    assert hb.train.device_setter() in ("/cpu:0", "/gpu:0")
+
+
+def _write_parquet(directory, files=6, rows=8):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    paths = []
+    for f in range(files):
+        table = pa.table({"a": rng.normal(0, 1, rows), "c": rng.integers(0, 20, rows),
+                          "label": rng.integers(0, 2, rows).astype(np.float32)})
+        path = directory / f"part{f}.parquet"
+        pq.write_table(table, path)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n):
+    files = _write_parquet(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_workers("api_hb_recipe_mts.py", n, [out, *files], timeout=900)
+    res = load_rank_results(out, n)
+    steps = len(res[0]["losses"])
+    assert steps == 48 // (4 * n) and all(len(res[r]["losses"]) == steps for r in range(n))
+    # Every row read exactly once over the workers.
+    read = sorted(float(x) for r in range(n) for s in range(steps) for x in res[r][f"a{s}"])
+    import pyarrow.parquet as pq
+    assert read == sorted(float(x) for f in files for x in pq.read_table(f)["a"].to_numpy())
+    # One process replaying the global batches (all workers' batches of a step) with TensorFlow's optimizer.
+    with tf.Graph().as_default():
+        feats = {k: tf.compat.v1.placeholder(dt, [None]) for k, dt in
+                 (("a", tf.float64), ("c", tf.int64), ("label", tf.float32))}
+        rng_table = np.random.default_rng(3).normal(0, 0.5, (20, 4)).astype(np.float32)
+        table = tf.compat.v1.get_variable("c_table", initializer=rng_table)
+        w = tf.compat.v1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 5).reshape(-1, 1).astype(np.float32))
+        x = tf.concat([tf.nn.embedding_lookup(table, feats["c"]), tf.cast(feats["a"], tf.float32)[:, None]], 1)
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(feats["label"][:, None], tf.matmul(x, w))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            losses = []
+            for s in range(steps):
+                feed = {feats[k]: np.concatenate([res[r][f"{k}{s}"] for r in range(n)]) for k in feats}
+                losses.append(sess.run([loss, train], feed)[0])
+            final_table, final_w = sess.run([table, w])
+    np.testing.assert_allclose(np.mean([res[r]["losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    for r in range(n):
+        with np.load(out / f"final{r}.npz") as final:
+            np.testing.assert_allclose(final["table"], final_table[r::n], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(final["w"], final_w, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(final_table, rng_table)
