@@ -87,6 +87,15 @@ def frame(records: Sequence[Dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
+def parity(df: pd.DataFrame) -> pd.DataFrame:
+    """AUC and log loss per run with the AUC difference to tf_single of the same model and batch size."""
+    out = df[["model", "mode", "workers", "batch", "AUC", "logloss"]].copy()
+    single = df[df["mode"] == "tf_single"].set_index(["model", "batch"])["AUC"]
+    out["AUC - tf_single"] = [row["AUC"] - single.get((row["model"], row["batch"]), math.nan)
+                              for _, row in df.iterrows()]
+    return out
+
+
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
     """hb and sok samples/s over tf_single (one process) and over hvd_replicated at the same N."""
     rows = []
@@ -302,7 +311,7 @@ def build(directory: str, note: str = "") -> str:
                         if not df.empty else df),
               "Embedding MiB/worker counts the tables and their Adagrad slots held by one worker.", "",
               "## Metric parity", "", "![metric](metric.png)", "",
-              _markdown(df[["model", "mode", "workers", "batch", "AUC", "logloss"]] if not df.empty else df, ",.4f"),
+              _markdown(parity(df) if not df.empty else df, ",.4f"),
               "AUC and log loss on the same held-out synthetic rows after the timed steps. Runs at the same N "
               "train the same global batches; different N train different global batch sizes.", ""]
     path = os.path.join(directory, "REPORT.md")
