@@ -1,0 +1,179 @@
+"""``sok.DistributedEmbedding`` and ``sok.All2AllDenseEmbedding``: Keras layers over sharded tables.
+
+Each layer owns one logical table of ``max_vocabulary_size_per_gpu *
+world_size`` rows; worker ``r`` holds the rows ``key % world_size == r`` as
+its embedding variable of ``max_vocabulary_size_per_gpu`` rows. Lookups go
+through :mod:`collective.embedding.exchange`:
+
+- ``DistributedEmbedding`` (SOK's combiner lookup): allgather of keys,
+  local gather and per-sample combine, reduce-scatter (the ``sok``
+  exchange). Inside ``tf.function`` it uses the ``hb`` exchange instead
+  (alltoall of unique keys, combine on the asking worker; same values): the
+  ``sok`` exchange hangs there (see docs/api_sok.md).
+- ``All2AllDenseEmbedding``: bucket keys by owner, alltoall, gather, alltoall back.
+
+``use_hashtable=True`` (SOK's default) gives a hash-table vocabulary
+(:mod:`collective.embedding.hash_table`, any int64 key, rows handed out on
+first sight); it needs graph mode. ``use_hashtable=False`` indexes rows by
+key, so keys must lie in ``[0, max_vocabulary_size_per_gpu * world_size)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from collective import comm, context
+from collective.embedding import exchange
+from collective.embedding.table import ShardInfo, shard_initial_value, tag
+from collective.sok.init import refuse_tf_distribute
+
+COMBINERS = ("mean", "sum")
+_DEFAULT_INITIALIZER = "random_uniform"
+
+
+def _positive(layer: str, name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{layer}: {name}={value!r} must be a positive integer")
+    return value
+
+
+def _initializer(layer: str, value):
+    if value is None or value == _DEFAULT_INITIALIZER:
+        return tf.keras.initializers.RandomUniform(minval=-0.05, maxval=0.05)
+    try:
+        return tf.keras.initializers.get(value)
+    except ValueError as err:
+        raise ValueError(f"{layer}: embedding_initializer={value!r} is not a Keras initializer name or "
+                         "instance; use e.g. 'random_uniform' or tf.keras.initializers.Constant(...)") from err
+
+
+class _ShardedEmbedding(tf.keras.layers.Layer):
+    """The table both SOK layers share: creation, initial values and the ``key % N`` layout."""
+
+    def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int,
+                 use_hashtable: bool, key_dtype, embedding_initializer, **kwargs):
+        kind = type(self).__name__
+        refuse_tf_distribute(f"sok.{kind}")
+        super().__init__(**kwargs)
+        comm.init()
+        self.max_vocabulary_size_per_gpu = _positive(kind, "max_vocabulary_size_per_gpu",
+                                                     max_vocabulary_size_per_gpu)
+        self.embedding_vec_size = _positive(kind, "embedding_vec_size", embedding_vec_size)
+        self.slot_num = _positive(kind, "slot_num", slot_num)
+        self.use_hashtable = bool(use_hashtable)
+        self.key_dtype = tf.as_dtype(key_dtype)
+        if self.key_dtype not in (tf.int64, tf.int32):
+            raise ValueError(f"{kind}: key_dtype={key_dtype!r} must be tf.int64 or tf.int32")
+        self.initializer = _initializer(kind, embedding_initializer)
+        if self.use_hashtable and tf.executing_eagerly():
+            raise ValueError(f"{kind}: use_hashtable=True needs graph mode (tf.compat.v1 graphs); in eager mode pass "
+                             "use_hashtable=False and keys in [0, max_vocabulary_size_per_gpu * world_size)")
+        self.info: Optional[ShardInfo] = None
+
+    def build(self, input_shape):
+        ctx = context.get()
+        vocab = self.max_vocabulary_size_per_gpu * ctx.world_size
+        if self.use_hashtable:
+            from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+            with tf.compat.v1.variable_scope(self.name):
+                var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
+                                                         self.max_vocabulary_size_per_gpu, self.initializer,
+                                                         key_dtype=self.key_dtype)
+            self._trainable_weights.append(var)
+        else:
+            info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
+                             world_size=ctx.world_size)
+
+            def local_initializer(shape, dtype=tf.float32, **_):
+                return shard_initial_value(self.initializer, info, dtype)
+
+            var = self.add_weight(name="embedding_variables", shape=[info.local_rows, info.dim],
+                                  initializer=local_initializer, dtype=tf.float32, trainable=True)
+            name = var.name.split(":")[0]
+            tag(var, ShardInfo(name=name, vocab=vocab, dim=info.dim, rank=ctx.rank, world_size=ctx.world_size))
+        self.embedding_variable = var
+        super().build(input_shape)
+
+    @property
+    def shard(self) -> ShardInfo:
+        return getattr(self.embedding_variable, "_collective_shard")
+
+    def _check_call(self):
+        refuse_tf_distribute(f"sok.{type(self).__name__} call")
+
+    def _keys(self, keys):
+        if keys.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"{type(self).__name__} '{self.name}': keys must be int32 or int64, got {keys.dtype.name}")
+        return keys
+
+
+class DistributedEmbedding(_ShardedEmbedding):
+    """SOK's combiner embedding: ``tf.nn.embedding_lookup_sparse`` on a sharded table.
+
+    ``call(inputs)`` takes a ``tf.SparseTensor`` of keys shaped
+    ``[batch * slot_num, max_nnz]`` (row ``i`` is slot ``i % slot_num`` of
+    sample ``i // slot_num``) and returns ``[batch, slot_num, embedding_vec_size]``,
+    each slot's keys combined by ``combiner`` (``mean`` or ``sum``); a slot
+    without keys gives zeros.
+    """
+
+    def __init__(self, combiner: str, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int,
+                 max_nnz: int, max_feature_num: int = 1, use_hashtable: bool = True, key_dtype=tf.int64,
+                 embedding_initializer=_DEFAULT_INITIALIZER, **kwargs):
+        choice = str(combiner).strip().lower()
+        if choice not in COMBINERS:
+            raise ValueError(f"DistributedEmbedding: combiner={combiner!r} is not one of {', '.join(COMBINERS)} "
+                             "(case does not matter)")
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, use_hashtable, key_dtype,
+                         embedding_initializer, **kwargs)
+        self.combiner = choice
+        self.max_nnz = _positive("DistributedEmbedding", "max_nnz", max_nnz)
+        self.max_feature_num = _positive("DistributedEmbedding", "max_feature_num", max_feature_num)
+
+    def call(self, inputs, training=True):  # pylint: disable=unused-argument
+        self._check_call()
+        if not isinstance(inputs, tf.SparseTensor):
+            raise TypeError(f"DistributedEmbedding '{self.name}' takes a tf.SparseTensor of keys shaped "
+                            f"[batch * slot_num, max_nnz], got {type(inputs).__name__}")
+        if inputs.shape.rank not in (None, 2):
+            raise ValueError(f"DistributedEmbedding '{self.name}': keys must be 2-D [batch * slot_num, max_nnz], "
+                             f"got shape {inputs.shape}")
+        keys = self._keys(inputs.values)
+        segments = inputs.indices[:, 0]
+        backend = "hb" if tf.inside_function() and tf.compat.v1.executing_eagerly_outside_functions() else "sok"
+        combined = exchange.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
+                                          self.combiner, backend)
+        rows = tf.cast(inputs.dense_shape[0], tf.int32)
+        missing = rows - tf.shape(combined)[0]
+        combined = tf.concat([combined, tf.zeros([missing, self.embedding_vec_size], combined.dtype)], axis=0)
+        return tf.reshape(combined, [-1, self.slot_num, self.embedding_vec_size])
+
+
+class All2AllDenseEmbedding(_ShardedEmbedding):
+    """SOK's dense embedding: ``tf.nn.embedding_lookup`` on a sharded table.
+
+    ``call(inputs)`` takes keys ``[batch, slot_num, nnz_per_slot]`` (any shape
+    whose size is ``batch * slot_num * nnz_per_slot``) and returns
+    ``[batch, slot_num, nnz_per_slot, embedding_vec_size]``. With
+    ``dynamic_input=True`` the keys may have any shape (e.g. from
+    ``tf.unique``) and the result is ``keys.shape + [embedding_vec_size]``.
+    """
+
+    def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int,
+                 nnz_per_slot: int, dynamic_input: bool = False, use_hashtable: bool = True, key_dtype=tf.int64,
+                 embedding_initializer=_DEFAULT_INITIALIZER, **kwargs):
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, use_hashtable, key_dtype,
+                         embedding_initializer, **kwargs)
+        self.nnz_per_slot = _positive("All2AllDenseEmbedding", "nnz_per_slot", nnz_per_slot)
+        self.dynamic_input = bool(dynamic_input)
+
+    def call(self, inputs, training=True):  # pylint: disable=unused-argument
+        self._check_call()
+        keys = self._keys(tf.convert_to_tensor(inputs))
+        vectors = exchange.lookup(self.embedding_variable, self.shard, keys, "sok")
+        if self.dynamic_input:
+            return vectors
+        return tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])

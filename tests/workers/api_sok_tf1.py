@@ -1,0 +1,107 @@
+"""reference/sok-get-started.md, "TensorFlow 1.15" with Horovod, run as written in a TF1 graph.
+
+argv: out_dir
+
+Changes, each marked "CHANGED":
+- imports: ``collective.sok`` for ``sparse_operation_kit``; ``tensorflow.compat.v1``
+  with eager execution disabled (the recipe is TF 1.15 code); the launcher sets
+  CUDA_VISIBLE_DEVICES, so the recipe's line setting it is dropped.
+- model and data as in api_sok_tf2.py (DemoModel from api_sok_demo, 2 dense
+  layers, global batch 12, learning rate 0.01, fixed initial dense weights);
+  ``inputs, labels`` are placeholders fed each step's share, and the loop runs
+  ``cases.STEPS`` iterations.
+- ``tf.keras.optimizers.Adam`` is the legacy Keras Adam
+  (``tf.keras.optimizers.legacy.Adam``): TensorFlow 2.15's new Keras optimizers
+  do not build TF1 graphs.
+- evident slips: ``logit`` -> ``logits``; ``train_step(inputs, labels)`` gets its
+  ``training`` argument; ``hvd.reduce`` (no such function) -> ``hvd.allreduce(op=hvd.Sum)``;
+  dense gradients summed (``op=hvd.Sum``), as in api_sok_tf2.py.
+"""
+import os
+import sys
+
+import numpy as np
+import tensorflow.compat.v1 as tf  # CHANGED: TF1 API
+
+tf.disable_eager_execution()  # CHANGED: TF1 graph
+
+import api_sok_cases as cases
+import collective.sok as sok  # CHANGED: import
+from api_sok_demo import DemoModel
+
+out_dir = sys.argv[1]
+
+import horovod.tensorflow as hvd
+hvd.init()
+
+global_batch_size = cases.GLOBAL_BATCH  # CHANGED: 65536
+use_tf_opt = True
+
+sok_init_op = sok.Init(global_batch_size=global_batch_size)
+
+model = DemoModel(max_vocabulary_size_per_gpu=1024,
+                  slot_num=10,
+                  nnz_per_slot=5,
+                  embedding_vector_size=16,
+                  num_of_dense_layers=cases.DENSE_LAYERS)  # CHANGED: 7
+
+if not use_tf_opt:
+    emb_opt = sok.optimizers.Adam(learning_rate=0.1)
+else:
+    emb_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: legacy, 0.01
+dense_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: legacy, 0.01
+
+loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+def _replica_loss(labels, logits):
+    loss = loss_fn(labels, logits)
+    return tf.nn.compute_average_loss(loss, global_batch_size=global_batch_size)
+
+def train_step(inputs, labels, training):
+    logits = model(inputs, training=training)
+    loss = _replica_loss(labels, logits)  # CHANGED: slip logit
+    emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
+    grads = tf.gradients(loss, emb_var + other_var, colocate_gradients_with_ops=True)
+    emb_grads, other_grads = grads[:len(emb_var)], grads[len(emb_var):]
+
+    if use_tf_opt:
+        with sok.OptimizerScope(emb_var):
+            emb_train_op = emb_opt.apply_gradients(zip(emb_grads, emb_var))
+    else:
+        emb_train_op = emb_opt.apply_gradients(zip(emb_grads, emb_var))
+
+    other_grads = [hvd.allreduce(grad, op=hvd.Sum) for grad in other_grads]  # CHANGED: slip
+    other_train_op = dense_opt.apply_gradients(zip(other_grads, other_var))
+
+    with tf.control_dependencies([emb_train_op, other_train_op]):
+        total_loss = hvd.allreduce(loss, op=hvd.Sum)  # CHANGED: slip hvd.reduce
+        total_loss = tf.identity(total_loss)
+
+        return total_loss
+
+# CHANGED: dataset = ... -> placeholders fed with this worker's share
+inputs = tf.placeholder(tf.int64, [None, cases.SLOT_NUM, cases.NNZ])
+labels = tf.placeholder(tf.float32, [None, 1])
+loss = train_step(inputs, labels, training=True)  # CHANGED: slip, training argument
+dense_init = [v.assign(value) for v, value in zip(
+    [v for layer in model.dense_layers + [model.out_layer] for v in layer.weights],
+    cases.dense_weights([tuple(v.shape) for layer in model.dense_layers + [model.out_layer] for v in layer.weights]))]
+
+init_op = tf.group(tf.global_variables_initializer(),
+                   tf.local_variables_initializer())
+
+losses = []
+with tf.Session() as sess:
+    sess.run(sok_init_op)
+    sess.run(init_op)
+    sess.run(dense_init)  # CHANGED: fixed initial dense weights
+
+    for step in range(cases.STEPS):  # CHANGED: iterations
+        batch_inputs, batch_labels = cases.local_batch(step, hvd.rank(), hvd.size())
+        loss_v = sess.run(loss, {inputs: batch_inputs, labels: batch_labels})
+        print("[SOK INFO]: Iteration: {}, loss: {}".format(step, loss_v))
+        losses.append(loss_v)
+    emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
+    values = sess.run([emb_var[0], list(other_var)])
+
+np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses) / hvd.size(), shard=values[0],
+         **{f"dense{i}": v for i, v in enumerate(values[1])})

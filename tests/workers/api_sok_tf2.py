@@ -1,0 +1,122 @@
+"""reference/sok-get-started.md, "Use SparseOperationKit with Horovod" (TF2), run as written.
+
+argv: out_dir [keras_adam|sok_adam|lazy_adam]
+
+Changes to the recipe, each marked "CHANGED" below:
+- imports: ``import collective.sok as sok`` for ``import sparse_operation_kit as sok``;
+  the launcher sets CUDA_VISIBLE_DEVICES, so the recipe's line setting it is dropped.
+- data and size: ``dataset = ...`` is GLOBAL_BATCH / N rows of random keys per
+  worker (api_sok_cases), global_batch_size 12 instead of 65536,
+  num_of_dense_layers 2 instead of 7 (CPU time), ``use_hashtable=False`` and
+  an ``embedding_initializer`` with fixed values (so single-process TensorFlow
+  can start from the same table: SOK's own parity tests do the same).
+- learning rate 0.01 instead of 0.1 (at 0.1 this model diverges and float summation
+  order alone makes runs differ; see api_sok_cases.LEARNING_RATE).
+- the Dense layers get fixed initial weights after the model is built (Keras'
+  are random per process; the reference starts from the same ones).
+- evident slips: ``tf.keras.BinaryCrossentropy`` -> ``tf.keras.losses.BinaryCrossentropy``;
+  ``hvd.allreduce(grads)`` -> ``hvd.allreduce(grads, op=hvd.Sum)``: each worker's
+  loss is already divided by the global batch size, so the workers' gradients
+  are parts of one sum (averaging them would divide the gradient by N).
+- the optimizer choice comes from argv: ``keras_adam`` (use_tf_opt = True),
+  ``sok_adam`` (use_tf_opt = False), ``lazy_adam`` (sok.LazyAdamOptimizer under OptimizerScope).
+"""
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import api_sok_cases as cases
+import collective.sok as sok  # CHANGED: import
+
+out_dir, which = sys.argv[1], sys.argv[2]
+
+import horovod.tensorflow as hvd
+hvd.init()
+
+
+from api_sok_demo import DemoModel  # the recipe's model, unchanged but for use_hashtable/initializer
+
+
+global_batch_size = cases.GLOBAL_BATCH  # CHANGED: 65536
+use_tf_opt = which != "sok_adam"
+
+sok.Init(global_batch_size=global_batch_size)
+
+model = DemoModel(max_vocabulary_size_per_gpu=1024,
+                  slot_num=10,
+                  nnz_per_slot=5,
+                  embedding_vector_size=16,
+                  num_of_dense_layers=cases.DENSE_LAYERS)  # CHANGED: 7
+model(cases.local_batch(0, hvd.rank(), hvd.size())[0])  # CHANGED: build, then fixed dense weights
+cases.set_dense_weights(model.dense_layers + [model.out_layer])
+
+if not use_tf_opt:
+    emb_opt = sok.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1 (see api_sok_cases)
+elif which == "lazy_adam":
+    emb_opt = sok.LazyAdamOptimizer(learning_rate=cases.LEARNING_RATE)  # CHANGED: the lazy variant
+else:
+    emb_opt = tf.keras.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1
+
+dense_opt = tf.keras.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1
+
+loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)  # CHANGED: slip
+def _replica_loss(labels, logits):
+    loss = loss_fn(labels, logits)
+    return tf.nn.compute_average_loss(loss, global_batch_size=global_batch_size)
+
+@tf.function
+def _train_step(inputs, labels, first_batch):
+    with tf.GradientTape() as tape:
+        logits = model(inputs, training=True)
+        loss = _replica_loss(labels, logits)
+    emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
+    emb_grads, other_grads = tape.gradient(loss, [emb_var, other_var])
+    if use_tf_opt:
+        with sok.OptimizerScope(emb_var):
+            emb_opt.apply_gradients(zip(emb_grads, emb_var),
+                                    experimental_aggregate_gradients=False)
+    else:
+        emb_opt.apply_gradients(zip(emb_grads, emb_var),
+                                experimental_aggregate_gradients=False)
+
+    other_grads = [hvd.allreduce(grads, op=hvd.Sum) for grads in other_grads]  # CHANGED: slip
+    dense_opt.apply_gradients(zip(other_grads, other_var))
+
+    if first_batch:
+        hvd.broadcast_variables(other_var, root_rank=0)
+        hvd.broadcast_variables(dense_opt.variables(), root_rank=0)
+
+    return loss
+
+dataset = [cases.local_batch(step, hvd.rank(), hvd.size()) for step in range(cases.STEPS)]  # CHANGED: data
+
+losses = []
+for i, (inputs, labels) in enumerate(dataset):
+    replica_loss = _train_step(inputs, labels, 0 == i)
+    total_loss = hvd.allreduce(replica_loss)
+    print("[SOK INFO]: Iteration: {}, loss: {}".format(i, total_loss))
+    losses.append(float(total_loss))
+
+emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
+np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses), shard=emb_var[0].numpy(),
+         **{f"dense{i}": v.numpy() for i, v in enumerate(other_var)})
+
+# Not in the recipe: DistributedEmbedding (mean and sum) and a dynamic-input
+# All2AllDenseEmbedding on this worker's share, eagerly and in tf.function, against numpy in the test.
+lookups = {}
+keys, _ = cases.local_batch(0, hvd.rank(), hvd.size())
+sparse = cases.sparse_keys(keys)
+table = cases.table_values()[:1024 * hvd.size()]
+for combiner in ("Mean", "sum"):
+    layer = sok.DistributedEmbedding(combiner, max_vocabulary_size_per_gpu=1024, embedding_vec_size=16,
+                                     slot_num=cases.SLOT_NUM, max_nnz=cases.NNZ, use_hashtable=False,
+                                     embedding_initializer=tf.keras.initializers.Constant(table))
+    lookups[f"distributed_{combiner}_eager"] = layer(sparse).numpy()
+    lookups[f"distributed_{combiner}_function"] = tf.function(layer)(sparse).numpy()
+dynamic = sok.All2AllDenseEmbedding(1024, 16, slot_num=1, nnz_per_slot=1, dynamic_input=True, use_hashtable=False,
+                                    embedding_initializer=tf.keras.initializers.Constant(table))
+unique, _ = tf.unique(tf.reshape(keys, [-1]))
+lookups["dynamic_keys"], lookups["dynamic"] = unique.numpy(), dynamic(unique).numpy()
+np.savez(os.path.join(out_dir, f"lookups{hvd.rank()}.npz"), **lookups)
