@@ -206,6 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if stale.endswith(".json"):
             os.remove(os.path.join(records_dir, stale))
     host = machine.describe()
+    if args.note is not None:
+        config["note"] = args.note
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     specs = configs.matrix(config)
@@ -226,7 +228,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.no_report:
         from benchmarks import report  # pylint: disable=import-outside-toplevel
 
-        path = report.build(out_dir, note=config["note"] if args.note is None else args.note)
+        path = report.build(out_dir)
         print(f"report: {path}", flush=True)
     return 1 if failed else 0
 
