@@ -100,7 +100,11 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
     keys = tf.reshape(stored[0], [-1])
     mine = tf.equal(tf.math.floormod(keys, world_size), rank)
+    # The index orders inserts built in one graph after each other; the restore must not wait for the
+    # training lookup's insert (it would need the model's inputs), so it is built outside that chain.
+    last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access
     rows = index.find_or_insert(tf.boolean_mask(keys, mine))
+    index._last_insert = last_insert  # pylint: disable=protected-access
     family.restore_block = tf.group(*[
         v.scatter_update(tf.IndexedSlices(tf.boolean_mask(tf.reshape(values, [-1, int(v.shape[1])]), mine), rows))
         for v, values in zip(variables, stored[1:])])

@@ -1,0 +1,158 @@
+"""SavedModel export of a model trained with sharded tables, for plain TensorFlow serving.
+
+The model is built once more in a fresh graph inside
+:func:`collective.modes.exporting`, with the lookups routed as in
+``scope()`` but TensorFlow's own variable creators and optimizer:
+``embedding_scope()`` then makes plain full-size variables (hash tables a
+``tf.lookup`` index plus values) and no op of this package or of Horovod
+enters the graph. The variables are restored from the checkpoint with a plain
+``Saver`` (the checkpoint holds whole tables under their own names),
+hash-table vocabularies get their key -> row lookup tables filled from the
+checkpoint's keys, and rank 0 writes the SavedModel. It loads with
+``tf.compat.v1.saved_model.load`` / ``saved_model_cli`` in a process where
+neither this package nor Horovod can be imported.
+
+    strategy.export_saved_model(export_dir_base, checkpoint_path, signature_def_fn)   # HybridBackend's export
+    export_estimator(model_fn, params, config, export_dir_base, serving_input_receiver_fn, checkpoint_path)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Dict, Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.saved_model.model_utils import export_utils
+from tensorflow.python.util import compat, function_utils
+
+from collective import comm, modes, patches
+from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
+
+logger = logging.getLogger("collective.export")
+
+def hash_table_keys_name(table_name: str) -> str:
+    """The checkpoint key holding a hash-table vocabulary's keys (``[K]`` int64)."""
+    return f"{table_name}/keys"
+
+
+def _resolve_checkpoint(checkpoint_path) -> str:
+    path = compat.as_text(os.fspath(checkpoint_path))
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise ValueError(f"export: no checkpoint in directory {path!r}; train first or pass a checkpoint prefix")
+        return latest
+    if not tf.compat.v1.train.checkpoint_exists(path):
+        raise ValueError(f"export: {path!r} is not a checkpoint (no {path}.index); pass a checkpoint prefix such as "
+                         "tf.train.latest_checkpoint(model_dir)")
+    return path
+
+
+def hash_table_rows(checkpoint_path: str) -> Dict[str, int]:
+    """Keys held per hash-table vocabulary in the checkpoint, by table name."""
+    shapes = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
+    return {key[:-len("/keys")]: int(shape[0]) for key, shape in shapes.items()
+            if key.endswith("/keys") and key[:-len("/keys")] in shapes}
+
+
+def _restore_for_export(sess: tf.compat.v1.Session, checkpoint_path: str) -> None:
+    """Restores every global variable of the export graph and fills the hash-table lookups."""
+    variables = tf.compat.v1.global_variables()
+    if variables:
+        _, saveables = split_var_list(variables)
+        check_shapes(model_shapes([], saveables), checkpoint_path)
+        tf.compat.v1.train.Saver(variables).restore(sess, checkpoint_path)
+    reader = tf.compat.v1.train.NewCheckpointReader(checkpoint_path)
+    for table_name, lookup in tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES):
+        key_name = hash_table_keys_name(table_name)
+        keys = reader.get_tensor(key_name) if reader.has_tensor(key_name) else np.zeros([0], np.int64)
+        rows = np.arange(keys.shape[0], dtype=lookup.value_dtype.as_numpy_dtype)
+        sess.run(lookup.insert(tf.constant(keys, lookup.key_dtype), tf.constant(rows)))
+
+
+def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Callable[[], object],
+                       assets_extra: Optional[Mapping[str, str]] = None, as_text: bool = False,
+                       clear_devices: bool = True, strip_default_attrs: bool = True) -> Optional[bytes]:
+    """Rank 0 writes a SavedModel with whole tables (HybridBackend's ``hb.saved_model.export``).
+
+    Args:
+      export_dir_base: directory under which a timestamped export directory is made.
+      checkpoint_path: a checkpoint prefix, or a model_dir (its latest checkpoint).
+      signature_def_fn: builds the serving graph (placeholders, the model
+        with the same variable names as in training) and returns a
+        SignatureDef, or a dict of them by signature key.
+      assets_extra: ``{destination relative to assets.extra: source path}``.
+      as_text: write ``saved_model.pbtxt`` instead of the binary proto.
+
+    Returns:
+      On rank 0 the export directory (bytes, as ``Estimator.export_saved_model``);
+      ``None`` on other workers, which return at once.
+    """
+    if comm.rank() != 0:
+        logger.info("export: rank %d leaves the SavedModel to rank 0", comm.rank())
+        return None
+    checkpoint_path = _resolve_checkpoint(checkpoint_path)
+    export_dir = export_utils.get_timestamped_export_dir(export_dir_base)
+    temp_dir = export_utils.get_temp_export_dir(export_dir)
+    with patches.patched(), patches.suspended(), modes.exporting(hash_table_rows(checkpoint_path)), \
+            tf.Graph().as_default():
+        signatures = signature_def_fn()
+        if not isinstance(signatures, Mapping):
+            signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signatures}
+        local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
+        with tf.compat.v1.Session() as sess:
+            _restore_for_export(sess, checkpoint_path)
+            builder = tf.compat.v1.saved_model.Builder(temp_dir)
+            builder.add_meta_graph_and_variables(
+                sess, [tf.saved_model.SERVING], signature_def_map=dict(signatures),
+                assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
+                main_op=local_init_op, clear_devices=clear_devices, strip_default_attrs=strip_default_attrs)
+            builder.save(as_text)
+    for relative, source in (assets_extra or {}).items():
+        destination = os.path.join(compat.as_text(temp_dir), "assets.extra", relative)
+        tf.io.gfile.makedirs(os.path.dirname(destination))
+        tf.io.gfile.copy(source, destination, overwrite=True)
+    tf.io.gfile.rename(temp_dir, export_dir)
+    logger.info("export: SavedModel of %s written to %s", checkpoint_path, compat.as_text(export_dir))
+    return export_dir
+
+
+def call_model_fn(model_fn: Callable, features, labels, mode: str, params=None, config=None):
+    """Calls ``model_fn`` with the arguments it accepts, as ``tf.estimator.Estimator`` does."""
+    accepted = function_utils.fn_args(model_fn)
+    kwargs = {name: value for name, value in (("labels", labels), ("mode", mode), ("params", params),
+                                              ("config", config)) if name in accepted}
+    spec = model_fn(features=features, **kwargs)
+    if spec is None:
+        raise ValueError(f"model_fn returned None in mode {mode!r}; it must return an EstimatorSpec in every mode "
+                         "(PREDICT included, for export)")
+    return spec
+
+
+def export_estimator(model_fn: Callable, params, config, export_dir_base, serving_input_receiver_fn: Callable,
+                     checkpoint_path, assets_extra: Optional[Mapping[str, str]] = None,
+                     as_text: bool = False) -> Optional[bytes]:
+    """``Estimator.export_saved_model`` for a model trained with sharded tables (rank 0 writes).
+
+    Builds the PREDICT graph from ``serving_input_receiver_fn`` and
+    ``model_fn`` (with the global step, as the Estimator does) and exports it
+    with :func:`export_saved_model`. Returns the export directory on rank 0,
+    None elsewhere.
+    """
+    from tensorflow_estimator.python.estimator.export import export_lib  # pylint: disable=import-outside-toplevel
+
+    def signature_def_fn():
+        tf.compat.v1.train.get_or_create_global_step()
+        receiver = serving_input_receiver_fn()
+        spec = call_model_fn(model_fn, receiver.features, None, tf.estimator.ModeKeys.PREDICT, params, config)
+        outputs = export_lib.export_outputs_for_mode(
+            mode=spec.mode, serving_export_outputs=spec.export_outputs, predictions=spec.predictions,
+            loss=spec.loss, metrics=spec.eval_metric_ops)
+        return export_lib.build_all_signature_defs(
+            receiver.receiver_tensors, outputs, getattr(receiver, "receiver_tensors_alternatives", None),
+            serving_only=True)
+
+    return export_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra=assets_extra,
+                              as_text=as_text)
