@@ -11,7 +11,8 @@ core of ``collective`` (sharded tables, exchanges, averaged gradients):
 - export: whole tables gathered to rank 0, which writes a SavedModel that
   plain TensorFlow serves (:mod:`modelzoo.export`).
 
-:func:`make_engine` is the one place that picks the engine.
+:class:`EstimatorEngine` does the same through ``strategy.estimator(...)``
+(checkpoints in ``model_dir``). :func:`make_engine` is the one place that picks.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class RunResult:
     """What a run measured. ``metrics`` is empty without evaluation, ``export_path`` None without export."""
 
     steps: int
-    train_loss: float
+    train_loss: Optional[float]
     samples_per_sec: float
     bytes_per_sample: float
     metrics: Dict[str, float]
@@ -183,7 +184,67 @@ class SessionEngine:
         return metrics, {**predictions, **label_values}
 
 
-def make_engine(strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str,
-                params: Mapping) -> SessionEngine:
-    """The engine a ``train.py`` runs on (the one place to switch to ``strategy.estimator``)."""
-    return SessionEngine(strategy, model_fn, model_dir, params)
+
+
+class EstimatorEngine:
+    """Runs a ``model_fn`` through ``strategy.estimator(...)`` (:mod:`collective.estimator`).
+
+    Training writes checkpoints to ``model_dir``; evaluation uses the
+    Estimator's global ``eval_metric_ops`` (AUC from thresholds, so it differs
+    slightly from :class:`SessionEngine`'s exact AUC); export needs
+    ``collective.export``.
+    """
+
+    finite_eval = True  # the Estimator pads uneven shares itself: give it one pass over each worker's rows
+
+    def __init__(self, strategy: CollectiveStrategy, model_fn: Callable, model_dir: str, params: Mapping):
+        self.strategy, self.model_fn, self.model_dir, self.params = strategy, model_fn, model_dir, dict(params)
+
+    def run(self, train_input_fn: Callable, max_steps: int, global_batch: int, *,
+            eval_input_fn: Optional[Callable] = None, eval_steps: int = 0, eval_rows: int = 0,
+            export_dir_base: Optional[str] = None, serving_input_receiver_fn: Optional[Callable] = None,
+            log_every: int = 100, keep_predictions: bool = False) -> RunResult:
+        from collective.hooks import ThroughputHook  # pylint: disable=import-outside-toplevel
+
+        del eval_rows, keep_predictions
+        config = tf.estimator.RunConfig(tf_random_seed=self.params.get("seed", 0), save_checkpoints_steps=max_steps,
+                                        save_checkpoints_secs=None, keep_checkpoint_max=1,
+                                        log_step_count_steps=None)
+        with self.strategy.scope():
+            estimator = self.strategy.estimator(lambda features, labels, mode, params: self.model_fn(
+                features, labels, mode, params), self.model_dir, config=config, params=self.params)
+            hook = ThroughputHook(every_n_steps=max(1, log_every or max_steps), global_batch_size=global_batch)
+            estimator.train(lambda: train_input_fn(), max_steps=max_steps, hooks=[hook])
+            metrics: Dict[str, float] = {}
+            if eval_input_fn is not None:
+                result = estimator.evaluate(lambda: eval_input_fn(), steps=eval_steps or None)
+                metrics = {k: float(v) for k, v in result.items() if k != "global_step"}
+            export_path = None
+            if export_dir_base:
+                path = estimator.export_saved_model(export_dir_base, serving_input_receiver_fn)
+                export_path = path.decode() if isinstance(path, bytes) else path
+        by_step: Dict[int, Dict[str, float]] = {}
+        for record in hook.records:  # the hook's end() may log the last step again: keep its first record
+            by_step.setdefault(int(record["step"]), record)
+        records = [by_step[s] for s in sorted(by_step)][1:] or list(by_step.values())  # the first: warm-up
+        samples = sum(r["samples"] for r in records)
+        seconds = sum(r["seconds"] for r in records)
+        sent = sum(r["bytes"] for r in records)
+        return RunResult(max_steps, records[-1].get("loss") if records else None,
+                         samples / seconds if seconds else float("nan"), sent / samples if samples else float("nan"),
+                         metrics, export_path)
+
+
+ENGINES = ("session", "estimator")
+
+
+def make_engine(name: str, strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str,
+                params: Mapping):
+    """The engine a ``train.py`` runs on: ``session`` (:class:`SessionEngine`) or ``estimator``
+    (:class:`EstimatorEngine`, not for the plain baseline)."""
+    if name == "session":
+        return SessionEngine(strategy, model_fn, model_dir, params)
+    if name == "estimator" and strategy is not None:
+        return EstimatorEngine(strategy, model_fn, model_dir, params)
+    raise ValueError(f"--engine {name!r} is not one of {', '.join(ENGINES)} (estimator needs CollectiveStrategy: "
+                     "drop --plain)")

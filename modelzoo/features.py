@@ -3,9 +3,9 @@
 A :class:`FeatureSpec` says which columns a model reads: numeric features,
 categorical ids with their vocabulary sizes, optional multi-hot lists, and
 the label columns. Models build their embedding tables from it with
-:func:`embedding_layer` (feature columns + ``input_layer`` under
-``embedding_scope()``), and the serving signature with
-:func:`serving_input_receiver_fn`.
+:func:`embedding_layer` (``tf.compat.v1.get_variable`` under
+``embedding_scope()``, coalesced lookups), and the serving
+signature with :func:`serving_input_receiver_fn`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from collective import CollectiveStrategy
+from collective.embedding.grouped import lookup_sparse_group
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -82,37 +83,35 @@ def movielens_spec(users: int, items: int, genres: int = 0) -> FeatureSpec:
                        multi_hot=(("genres", genres),) if genres else (), labels=("rating", "label"))
 
 
-def identity_columns(spec: FeatureSpec, dim: int, seed: int, names: Optional[Sequence[str]] = None,
-                     stddev: Optional[float] = None):
-    """One ``embedding_column`` of ``dim`` per categorical feature (all of them, or ``names``), seeded.
+def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: int, scope: str, seed: int,
+                    names: Optional[Sequence[str]] = None, stddev: Optional[float] = None,
+                    sharded: bool = True) -> tf.Tensor:
+    """``[batch, len(names), dim]``: one table ``scope/<feature>`` of ``[vocab, dim]`` per categorical
+    feature (all of the spec's, or ``names``, in that order), looked up together: sharded tables
+    share one exchange (:func:`collective.embedding.grouped.lookup_sparse_group`).
 
-    Each table gets its own initialiser seed, so the same ``seed`` gives the
-    same tables whatever the world size and backend.
+    The tables are made under ``embedding_scope()`` (sharded across workers), or are plain TensorFlow
+    variables when not ``sharded`` (the baseline). Each table has its own initialiser seed, so the same
+    ``seed`` gives the same tables whatever the world size and backend.
     """
     names = list(names) if names is not None else [n for n, _ in spec.categorical]
-    fc = tf.compat.v1.feature_column
-    columns = []
-    for i, name in enumerate(names):
-        init = tf.compat.v1.truncated_normal_initializer(stddev=stddev or dim ** -0.5, seed=seed * 1000 + i)
-        columns.append(fc.embedding_column(fc.categorical_column_with_identity(name, spec.vocab(name)), dim,
-                                           combiner="sum", initializer=init))
-    return columns
-
-
-def embedding_layer(features: Mapping[str, tf.Tensor], columns, scope: str, sharded: bool = True) -> tf.Tensor:
-    """``[batch, len(columns), dim]``: the columns' vectors from tables made under ``embedding_scope()``
-    (sharded across workers), or plain TensorFlow tables when not ``sharded`` (the baseline).
-
-    ``input_layer`` orders columns by name; the result follows that order.
-    """
-    dims = {c.dimension for c in columns}
-    if len(dims) != 1:
-        raise ValueError(f"embedding columns in {scope!r} have different dimensions {sorted(dims)}; "
-                         "give them one dimension")
     sharding = CollectiveStrategy().embedding_scope() if sharded else contextlib.nullcontext()
     with tf.compat.v1.variable_scope(scope), sharding:
-        flat = tf.compat.v1.feature_column.input_layer(dict(features), columns)
-    return tf.reshape(flat, [-1, len(columns), dims.pop()])
+        tables = [tf.compat.v1.get_variable(
+            name, [spec.vocab(name), dim],
+            initializer=tf.compat.v1.truncated_normal_initializer(stddev=stddev or dim ** -0.5, seed=seed * 1000 + i))
+            for i, name in enumerate(names)]
+    sparse_ids = [_one_id_per_row(features[name]) for name in names]
+    vectors = lookup_sparse_group(tables, sparse_ids, combiners=["sum"] * len(names), name=scope + "_lookup",
+                                  pad_to_batch=True)
+    return tf.stack(vectors, axis=1)
+
+
+def _one_id_per_row(ids: tf.Tensor) -> tf.SparseTensor:
+    """Ids ``[batch]`` as a ``[batch, 1]`` SparseTensor (what the coalesced lookup takes)."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    rows = tf.range(tf.shape(ids, out_type=tf.int64)[0])
+    return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids, tf.stack([tf.size(ids, tf.int64), 1]))
 
 
 def numeric_tensor(features: Mapping[str, tf.Tensor], spec: FeatureSpec) -> tf.Tensor:

@@ -7,6 +7,7 @@ import os
 from typing import Mapping, Optional, Sequence
 
 from collective import context
+from modelzoo.engine import ENGINES
 from modelzoo.heads import OPTIMIZERS
 
 
@@ -53,6 +54,9 @@ def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argpa
                    help="rows shuffled together when reading training data (0: file order)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, shuffling and data")
     p.add_argument("--log_every", type=int, default=100, help="log a progress line every this many steps")
+    p.add_argument("--engine", choices=ENGINES, default="session",
+                   help="session: train, evaluate and export in one session per worker (exact global metrics); "
+                        "estimator: strategy.estimator(...) with checkpoints in --model_dir")
     p.add_argument("--plain", action="store_true",
                    help="train plain TensorFlow in one process without CollectiveStrategy (the baseline)")
     return p

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from collective import CollectiveStrategy, context
@@ -85,12 +86,16 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
     eval_fn, eval_steps, eval_rows = None, 0, 0
     if args.eval:
         eval_steps, eval_rows = eval_plan(dataset.test, per_worker, n, rank, args.eval_batches)
-        # A worker without test rows still runs every batch (the lookups are collective): it reads rank 0's.
-        eval_fn = data_lib.input_fn(dataset.test, dataset.spec, per_worker, num_epochs=None,
-                                    rank=rank if eval_rows else 0, world_size=n)
+        if args.engine == "estimator":  # one pass over each worker's rows: the Estimator pads uneven shares
+            eval_fn = data_lib.input_fn(dataset.test, dataset.spec, per_worker, num_epochs=1, rank=rank,
+                                        world_size=n)
+            eval_steps = args.eval_batches
+        else:  # a worker without test rows still runs every batch (the lookups are collective): it reads rank 0's
+            eval_fn = data_lib.input_fn(dataset.test, dataset.spec, per_worker, num_epochs=None,
+                                        rank=rank if eval_rows else 0, world_size=n)
     export_base = None if (args.export_dir or "").lower() == "none" else (
         args.export_dir or os.path.join(args.model_dir, "export"))
-    engine = make_engine(strategy, recipe.model_fn, args.model_dir, params)
+    engine = make_engine(args.engine, strategy, recipe.model_fn, args.model_dir, params)
     result: RunResult = engine.run(train_fn, args.steps, args.batch_size, eval_input_fn=eval_fn,
                                    eval_steps=eval_steps, eval_rows=eval_rows, export_dir_base=export_base,
                                    serving_input_receiver_fn=serving_input_receiver_fn(dataset.spec),
@@ -116,6 +121,7 @@ def main(recipe: Recipe, argv: Optional[Sequence[str]] = None) -> int:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     tf.get_logger().setLevel(logging.ERROR)  # TensorFlow's deprecation notices about the TF1 API we use on purpose
+    warnings.filterwarnings("ignore", message=r"`tf\.layers\.\w+` is deprecated", category=UserWarning)
     args = parse(recipe, argv)
     metrics = run(recipe, args)
     if context.get().rank == 0:

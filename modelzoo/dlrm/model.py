@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from modelzoo import data as data_lib
 from modelzoo import flags, heads
-from modelzoo.features import embedding_layer, identity_columns, mlp, numeric_tensor
+from modelzoo.features import embedding_layer, mlp, numeric_tensor
 from modelzoo.runner import Recipe
 
 
@@ -37,8 +37,7 @@ def model_fn(features, labels, mode, params):
         raise ValueError(f"DLRM's last bottom layer ({params['bottom_mlp'][-1]}) must equal --embedding_dim "
                          f"({dim}): its output is dotted with the embeddings")
     x = mlp(numeric_tensor(features, spec), params["bottom_mlp"], "bottom_mlp", seed)
-    embeddings = embedding_layer(features, identity_columns(spec, dim, seed), "embedding",
-                                 sharded=not params.get("plain"))
+    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=not params.get("plain"))
     interactions = dot_interaction(tf.concat([x[:, None, :], embeddings], axis=1))
     logit = mlp(tf.concat([x, interactions], axis=1), params["top_mlp"], "top_mlp", seed + 1,
                 last_activation=False)

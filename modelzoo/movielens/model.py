@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from modelzoo import data as data_lib
 from modelzoo import heads
-from modelzoo.features import embedding_layer, identity_columns
+from modelzoo.features import embedding_layer
 from modelzoo.runner import Recipe
 
 TASKS = {"rating": ("regression", "rating"), "click": ("binary", "label")}
@@ -35,12 +35,9 @@ def model_fn(features, labels, mode, params):
     spec, dim, seed = params["spec"], params["embedding_dim"], params.get("seed", 0)
     sharded = not params.get("plain")
     ids = ["user_id", "item_id"]
-    user, item = tf.unstack(embedding_layer(features, identity_columns(spec, dim, seed, ids, stddev=0.05),
-                                            "factors", sharded=sharded), axis=1)
-    biases = embedding_layer(features, identity_columns(spec, 1, seed + 1, ids, stddev=0.01), "biases",
-                             sharded=sharded)
-    # input_layer orders columns by name: item_id comes before user_id.
-    item, user = user, item
+    user, item = tf.unstack(embedding_layer(features, spec, dim, "factors", seed, ids, stddev=0.05,
+                                            sharded=sharded), axis=1)
+    biases = embedding_layer(features, spec, 1, "biases", seed + 1, ids, stddev=0.01, sharded=sharded)
     if spec.multi_hot:
         name, size = spec.multi_hot[0]
         genre_table = tf.compat.v1.get_variable(
@@ -78,7 +75,7 @@ def _load(args, rank):
 
 RECIPE = Recipe(
     name="movielens", description=__doc__.splitlines()[0], model_fn=model_fn,
-    defaults={"batch_size": 1024, "steps": 2000, "learning_rate": 0.002, "optimizer": "adam",
+    defaults={"batch_size": 1024, "steps": 800, "learning_rate": 0.002, "optimizer": "adam",
               "shuffle_buffer": 1 << 20, "model_dir": data_lib.DEFAULT_CACHE + "/runs/movielens",
               "data_help": "MovieLens: a directory converted by python -m datasets.movielens (train.parquet, "
                            f"test.parquet, meta.json) or a raw GroupLens release (default: {data_lib.MOVIELENS_SMALL}"
