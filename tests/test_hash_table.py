@@ -31,6 +31,7 @@ def test_index_rows_equal_reference_table():
         rows, found, entries = index.find_or_insert(keys), index.find(keys), index.entries()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
+            assert sess.run(rows, {keys: np.zeros(0, np.int64)}).shape == (0,)  # an empty batch
             for batch in _batches():
                 np.testing.assert_array_equal(sess.run(rows, {keys: batch}), ref.insert_or_find(batch))
             probe = np.array([cases.INT64_MIN, 5, 0, cases.INT64_MAX, 12 * 1_000_003, -3], np.int64)
