@@ -13,6 +13,9 @@ from benchmarks import metrics, projection, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("tf_single", "hvd_replicated", "hb", "sok")
+# The end-to-end tests share one harness run (3 launches, 1-3 workers): about two minutes on an idle
+# 2-core machine, much longer on a loaded one, so they get more than the default 600 s.
+END_TO_END_TIMEOUT = pytest.mark.timeout(1800)
 
 
 # ---------------------------------------------------------------- projection by hand
@@ -36,6 +39,16 @@ def test_projection_counts_a_small_batch_by_hand():
     small = projection.step_bytes([np.array([0, 0, 0, 0])], [1], 2, 2, 2, "hb").per_worker
     assert small.tolist() == [16, 16]
     assert projection.step_bytes([np.array([5, 6])], [10], 2, 1, 2, "hb", dense).total == 0
+
+
+def test_projection_sok_pays_batch_size_and_reduce_scatter_once_per_lookup_group():
+    ids, vocabs, dims = [np.array([1, 1, 2, 3])] * 2, [10, 10], [1, 2]
+    # Per table: 2 rows x 32 B + backward [2, dim] floats; per group: batch size (8) + [4, dims] floats // 2.
+    one = projection.step_bytes(ids, vocabs, dims, 2, 2, "sok", groups=[0, 0]).per_worker
+    assert one.tolist() == [(64 + 8) + (64 + 16) + 8 + 4 * 3 * 4 // 2] * 2
+    two = projection.step_bytes(ids, vocabs, dims, 2, 2, "sok", groups=[0, 1]).per_worker
+    assert two.tolist() == [(64 + 8) + (64 + 16) + (8 + 4 * 1 * 4 // 2) + (8 + 4 * 2 * 4 // 2)] * 2
+    assert projection.model_tables("deepfm", [10] * 26, 4)[3] == [0] * 26 + [1] * 26
 
 
 def test_projection_time_model_and_movielens_rows():
@@ -94,11 +107,12 @@ def tiny_run(tmp_path_factory):
     """The ``tiny`` configuration run once through ``python -m benchmarks.run`` (real launcher, 1-3 workers)."""
     out = tmp_path_factory.mktemp("bench") / "tiny"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--config", "tiny", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+                          capture_output=True, text=True, timeout=1700, cwd=ROOT)
     assert proc.returncode == 0, f"benchmarks.run failed\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return out, proc.stdout
 
 
+@END_TO_END_TIMEOUT
 def test_harness_writes_a_valid_record_per_run(tiny_run):
     out, stdout = tiny_run
     records = report.load_records(str(out))
@@ -124,6 +138,7 @@ def test_harness_writes_a_valid_record_per_run(tiny_run):
     assert held[("hb", 2)] < 0.6 * held[("tf_single", 1)] and held[("hvd_replicated", 2)] == held[("tf_single", 1)]
 
 
+@END_TO_END_TIMEOUT
 def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
     out, _ = tiny_run
     checked = 0
@@ -135,6 +150,7 @@ def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
     assert checked == 5  # hb and sok on 2 and 3 workers, hvd_replicated on 2
 
 
+@END_TO_END_TIMEOUT
 def test_report_has_every_backend_baseline_table_and_plot(tiny_run):
     out, _ = tiny_run
     text = (out / "REPORT.md").read_text()
