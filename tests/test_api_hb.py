@@ -162,3 +162,21 @@ def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n):
             np.testing.assert_allclose(final["table"], final_table[r::n], rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(final["w"], final_w, rtol=1e-5, atol=1e-6)
     assert not np.allclose(final_table, rng_table)
+    _check_export(out, final_table, final_w)
+
+
+def _check_export(out, table, w):
+    """The recipe's SavedModel (written by rank 0) serves the trained model in plain TensorFlow."""
+    exports = list((out / "export").iterdir())
+    assert len(exports) == 1, exports
+    rng = np.random.default_rng(9)
+    a, c = rng.normal(0, 1, 5).astype(np.float32), rng.integers(0, 20, 5)
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "a": tf.train.Feature(float_list=tf.train.FloatList(value=[x])),
+        "c": tf.train.Feature(int64_list=tf.train.Int64List(value=[y]))})).SerializeToString() for x, y in zip(a, c)]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.load(sess, ["serve"], str(exports[0]))
+        signature = meta.signature_def["serving_default"]
+        logits = sess.run(signature.outputs["logits"].name, {"input:0": examples})
+    expected = np.concatenate([table[c], a[:, None]], axis=1) @ w
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)

@@ -155,4 +155,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
     except ImportError:
         logger.warning("collective.session is not available: checkpoints use TensorFlow's own saver")
         session_fn = tf.compat.v1.train.MonitoredTrainingSession
-    return session_fn(master=master, is_chief=is_chief, checkpoint_dir=checkpoint_dir, hooks=hooks, **kwargs)
+    from collective.hb.scope import scope  # pylint: disable=import-outside-toplevel
+
+    # Inside the scope the session's default saver is collective's (whole logical tables, all workers).
+    with scope():
+        return session_fn(master=master, is_chief=is_chief, checkpoint_dir=checkpoint_dir, hooks=hooks, **kwargs)

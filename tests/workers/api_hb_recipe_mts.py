@@ -9,7 +9,12 @@ Changes, each marked "CHANGED":
 - the recipe's ``# ...`` model: ``c`` looked up in a 20 x 4 table made in
   ``hb.embedding_scope()``, concatenated with ``a``, a linear layer, sigmoid cross
   entropy; fixed initial values. The eval dataset/metrics (``...`` in the recipe)
-  and the export section are left out (export is tested with collective.export).
+  are left out.
+- MonitoredTrainingSession gets ``checkpoint_dir`` (the recipe's export reads
+  ``tf.train.latest_checkpoint(checkpoint_dir)`` but never writes one), so ``minimize``
+  gets a global step (TensorFlow's checkpoint hook requires one); in
+  ``_on_export`` the numeric field is a float (the test's data) and the model
+  returns ``{"logits": ...}`` (``predict_signature_def`` takes dicts).
 - ``hooks=[...]``: a hook that saves the trained values when the session ends;
   each step also fetches the loss and the batch (the test replays the batches).
 """
@@ -30,13 +35,18 @@ TABLE = np.random.default_rng(3).normal(0, 0.5, (VOCAB, DIM)).astype(np.float32)
 W = np.linspace(-0.5, 0.5, DIM + 1).reshape(-1, 1).astype(np.float32)
 
 
-def my_model(features):  # CHANGED: the recipe's "# ..."
+def my_model(features, training=True):  # CHANGED: the recipe's "# ..."
+    ids = features["c"]
+    if isinstance(ids, tf.SparseTensor):  # parsed serving examples: one id each
+        ids = tf.sparse.to_dense(ids)[:, 0]
     with hb.embedding_scope():
         table = tf.get_variable("c_table", [VOCAB, DIM], initializer=tf.constant_initializer(TABLE))
-        emb = tf.nn.embedding_lookup(table, features["c"])
+        emb = tf.nn.embedding_lookup(table, ids)
     w = tf.get_variable("w", [DIM + 1, 1], initializer=tf.constant_initializer(W))
-    x = tf.concat([emb, tf.cast(features["a"], tf.float32)[:, None]], axis=1)
+    x = tf.concat([emb, tf.reshape(tf.cast(features["a"], tf.float32), [-1, 1])], axis=1)
     logits = tf.matmul(x, w)
+    if not training:
+        return {"logits": logits}
     tf.losses.sigmoid_cross_entropy(tf.cast(features["label"], tf.float32)[:, None], logits)
     return table, w
 
@@ -65,16 +75,18 @@ with tf.device(hb.train.device_setter()):
   loss = tf.losses.get_total_loss()
   # Use auto-generated wrapper for predefined optimizer.
   opt = hb.train.GradientDescentOptimizer(learning_rate=lr)
-  train_op = opt.minimize(loss)
+  train_op = opt.minimize(loss, global_step=tf.train.get_or_create_global_step())  # CHANGED: checkpoints need a step
 
 # Create a server by reading cluster information in `hb.context`.
 server = hb.train.Server()
 
 steps = []
+checkpoint_dir = os.path.join(out_dir, "ckpt")  # CHANGED
 # All workers must be chief to initialize variables.
 with hb.train.MonitoredTrainingSession(
     server.target,
     is_chief=True,
+    checkpoint_dir=checkpoint_dir,  # CHANGED: written, so that the export below has a checkpoint
     hooks=[SaveOnEnd([table, w])]) as sess:  # CHANGED
   while not sess.should_stop():
     _, loss_v, batch = sess.run([train_op, loss, train_features])  # CHANGED: also the loss and batch
@@ -82,3 +94,27 @@ with hb.train.MonitoredTrainingSession(
 
 np.savez(os.path.join(out_dir, f"rank{hb.context.rank}.npz"), losses=np.array([s[0] for s in steps]),
          **{f"{k}{i}": s[1][k] for i, s in enumerate(steps) for k in ("a", "c", "label")})
+
+numeric_fields, categorical_fields = ["a"], ["c"]  # CHANGED: the test's fields
+export_dir_base = os.path.join(out_dir, "export")  # CHANGED
+
+
+# Export trained models.
+def _on_export():
+  example_spec = {}
+  for f in numeric_fields:
+    example_spec[f] = tf.io.FixedLenFeature([1], dtype=tf.float32)  # CHANGED: float field
+  for f in categorical_fields:
+    example_spec[f] = tf.io.VarLenFeature(dtype=tf.int64)
+
+  serialized_examples = tf.placeholder(
+      dtype=tf.string,
+      shape=[None],
+      name='input')
+  inputs = tf.io.parse_example(serialized_examples, example_spec)
+
+  outputs = my_model(inputs, training=False)
+  return tf.saved_model.predict_signature_def(inputs, outputs)
+
+checkpoint_path = tf.train.latest_checkpoint(checkpoint_dir)
+hb.saved_model.export(export_dir_base, checkpoint_path, _on_export)
