@@ -31,10 +31,12 @@ import tensorflow as tf
 
 from benchmarks import batches, models
 from collective import comm, context
+from collective.embedding.table import shard_of
 from datasets import schema
 
 logger = logging.getLogger("benchmarks.worker")
 MODES = ("hb", "sok", "tf_single", "hvd_replicated")
+_COLUMNS = frozenset(schema.CATEGORICAL)
 
 
 def _placeholders(batch_size: int):
@@ -70,7 +72,10 @@ def horovod_bytes(local_grads, n: int) -> tf.Tensor:
 
 
 def _is_embedding(var: tf.Variable) -> bool:
-    return "embedding_weights" in var.name
+    """A table or its optimizer slot: sharded, a feature column's ``embedding_weights``, or named after a column."""
+    if shard_of(var) is not None or "embedding_weights" in var.name:
+        return True
+    return any(part in _COLUMNS for part in var.name.split(":")[0].split("/"))
 
 
 def _variable_bytes(var: tf.Variable) -> int:
