@@ -15,8 +15,8 @@
   none has data (:mod:`collective.sync`), so uneven shares never hang.
 - Training: the loss Estimator logs and returns is the mean over the
   workers that had data in the step. Checkpoints: every worker calls the
-  checkpoint saver at the same steps (:class:`collective.hooks.SyncCheckpointSaverHook`;
-  ``save_checkpoints_secs`` is decided by rank 0's clock and broadcast).
+  checkpoint saver at the same steps (:class:`collective.session.CheckpointSaverHook`;
+  ``save_checkpoints_secs`` is agreed on by all workers after each step).
 - Evaluation: ``tf.compat.v1.metrics`` variables (loss mean, AUC, accuracy,
   the user's ``eval_metric_ops``) are summed over workers before the final
   values are read, so every worker returns the metrics of all workers' data.
@@ -31,11 +31,10 @@ import logging
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
-from tensorflow.python.ops import variable_v1
 from tensorflow.python.util import function_utils
 from tensorflow_estimator.python.estimator import estimator as estimator_lib
 
-from collective import checkpoint, comm, hooks as hooks_lib, patches, sync
+from collective import checkpoint, comm, hooks as hooks_lib, session as session_lib, sync
 from collective.embedding import hash_table
 
 logger = logging.getLogger(__name__)
@@ -259,7 +258,7 @@ class CollectiveEstimator:
         hooks.append(hooks_lib.ThroughputHook(self._throughput_every, samples=samples, loss=loss))
         config = self._user_config
         if config.save_checkpoints_secs or config.save_checkpoints_steps:
-            hooks.append(hooks_lib.SyncCheckpointSaverHook(
+            hooks.append(session_lib.CheckpointSaverHook(
                 self._estimator.model_dir, save_secs=config.save_checkpoints_secs,
                 save_steps=config.save_checkpoints_steps, scaffold=scaffold,
                 save_graph_def=config.checkpoint_save_graph_def))
@@ -267,21 +266,18 @@ class CollectiveEstimator:
 
 
 class _Estimator(tf.compat.v1.estimator.Estimator):
-    """Estimator whose global step starts at 0 on every worker without a broadcast.
+    """Estimator whose global-step read runs no collective.
 
-    Estimator builds the model under ``global_step.initialized_value()``,
-    which evaluates the variable's initial value; under ``scope()`` that is
-    rank 0's value by broadcast, so every hook that reads the step in a run
-    of its own (and only rank 0 has summary and step-counter hooks) would
-    start a collective the other workers never join.
+    Estimator builds the model under TensorFlow's global-step read, which
+    evaluates the step's initial value: under ``scope()`` rank 0's value by
+    broadcast, so a hook reading the step in a run of its own on one rank
+    (only rank 0 has summary and step-counter hooks) would hang the job.
     """
 
     def _create_and_assert_global_step(self, graph):
-        def plain_creator(next_creator, **kwargs):  # pylint: disable=unused-argument
-            return patches.original(variable_v1, "default_variable_creator")(None, **kwargs)
-
-        with graph.as_default(), tf.compat.v1.variable_creator_scope(plain_creator):
-            return super()._create_and_assert_global_step(graph)
+        step = super()._create_and_assert_global_step(graph)
+        session_lib.ensure_global_step_read(graph)
+        return step
 
 
 def _checkpoint_saver(config) -> checkpoint.Saver:

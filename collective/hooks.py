@@ -5,8 +5,6 @@
 - :class:`GlobalMetricsHook`: sums the local metric variables
   (``tf.compat.v1.metrics`` totals, counts, confusion counts) over workers
   when evaluation ends, so the values read afterwards are global.
-- :class:`SyncCheckpointSaverHook`: every worker saves at the same steps;
-  a time-based interval is decided by rank 0's clock and broadcast.
 
 Every hook here runs collectives in the session: all workers must use it
 with the same arguments.
@@ -19,7 +17,6 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
-from tensorflow.core.util.event_pb2 import SessionLog
 
 from collective import comm
 
@@ -157,83 +154,3 @@ class GlobalMetricsHook(tf.compat.v1.train.SessionRunHook):
 
     def end(self, session):
         session.run(self._sync)
-
-
-class SyncCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
-    """``CheckpointSaverHook`` that saves on every worker at the same steps.
-
-    Every worker calls ``saver.save`` (a collective saver writes one logical
-    checkpoint from all workers' shards). With ``save_steps`` the global step
-    decides; with ``save_secs`` rank 0's clock decides and the decision is
-    broadcast in the step's own run, so workers never disagree. Only rank 0
-    writes the graph, the meta graph and the checkpoint event.
-    """
-
-    def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None, save_steps: Optional[int] = None,
-                 saver=None, checkpoint_basename: str = "model.ckpt", scaffold=None, listeners=None,
-                 save_graph_def: bool = True):
-        super().__init__(checkpoint_dir, save_secs=save_secs, save_steps=save_steps, saver=saver,
-                         checkpoint_basename=checkpoint_basename, scaffold=scaffold, listeners=listeners,
-                         save_graph_def=save_graph_def)
-        self._save_secs, self._save_steps = save_secs, save_steps
-        self._chief = comm.rank() == 0
-
-    def begin(self):
-        self._summary_writer = (tf.compat.v1.summary.FileWriterCache.get(self._checkpoint_dir)
-                                if self._chief else None)
-        self._global_step_tensor = _global_step_read()
-        self._due = tf.compat.v1.placeholder_with_default(False, [], name="collective_checkpoint_due")
-        self._due_everywhere = comm.broadcast(tf.cast(self._due, tf.int32), root_rank=0, count=False)
-        self._last_save_time = time.monotonic()
-        for listener in self._listeners:
-            listener.begin()
-
-    def after_create_session(self, session, coord):  # pylint: disable=unused-argument
-        global_step = int(session.run(self._global_step_tensor))
-        if self._chief:
-            graph = tf.compat.v1.get_default_graph()
-            if self._save_graph_def:
-                tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._checkpoint_dir, "graph.pbtxt")
-            saver = self._get_saver()
-            meta = tf.compat.v1.train.export_meta_graph(graph_def=graph.as_graph_def(add_shapes=True),
-                                                        saver_def=saver.saver_def if saver else None)
-            self._summary_writer.add_graph(graph)
-            self._summary_writer.add_meta_graph(meta)
-        self._save(session, global_step)
-        self._timer.update_last_triggered_step(global_step)
-
-    def before_run(self, run_context):  # pylint: disable=unused-argument
-        if not self._save_secs:
-            return tf.compat.v1.train.SessionRunArgs({"step": self._global_step_tensor})
-        due = self._chief and time.monotonic() - self._last_save_time >= self._save_secs
-        return tf.compat.v1.train.SessionRunArgs({"step": self._global_step_tensor, "due": self._due_everywhere},
-                                                 feed_dict={self._due: due})
-
-    def after_run(self, run_context, run_values):
-        stale = int(run_values.results["step"])
-        if self._save_secs:
-            if not run_values.results["due"]:
-                return
-        elif not self._timer.should_trigger_for_step(stale + self._steps_per_run):
-            return
-        global_step = int(run_context.session.run(self._global_step_tensor))
-        if self._save_secs or self._timer.should_trigger_for_step(global_step):
-            self._timer.update_last_triggered_step(global_step)
-            if self._save(run_context.session, global_step):
-                run_context.request_stop()
-
-    def _save(self, session, step):
-        for listener in self._listeners:
-            listener.before_save(session, step)
-        if self._chief:
-            logger.info("Saving checkpoints for %d into %s.", step, self._save_path)
-        self._get_saver().save(session, self._save_path, global_step=step, write_meta_graph=self._save_graph_def)
-        self._last_save_time = time.monotonic()
-        if self._summary_writer is not None:
-            self._summary_writer.add_session_log(
-                SessionLog(status=SessionLog.CHECKPOINT, checkpoint_path=self._save_path), step)
-        should_stop = False
-        for listener in self._listeners:
-            if listener.after_save(session, step):
-                should_stop = True
-        return should_stop

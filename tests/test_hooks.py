@@ -1,13 +1,11 @@
 """collective.hooks in one process (the multi-worker numbers are checked in test_estimator.py)."""
 
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.hooks import GlobalMetricsHook, SyncCheckpointSaverHook, ThroughputHook
+from collective.hooks import GlobalMetricsHook, ThroughputHook
 
 
 def linear_model():
@@ -44,20 +42,6 @@ def test_throughput_hook_records_under_monitored_training_session(caplog):
     assert all(r["bytes"] == 0 and r["bytes_per_sample"] == 0 for r in hook.records)  # one worker sends nothing
     assert hook.records[0]["loss"] == pytest.approx(5.0 - 0.13, rel=1e-5)  # after one SGD step
     assert sum("samples/s (global, 1 workers)" in m for m in caplog.messages) == 3
-
-
-@pytest.mark.parametrize("secs, steps, expected", [(None, 2, [0, 2, 4, 5]), (1e9, None, [0, 5])])
-def test_sync_checkpoint_saver_saves_at_steps_or_by_rank0_clock(tmp_path, secs, steps, expected):
-    with CollectiveStrategy().scope(), tf.Graph().as_default():
-        loss, train_op = linear_model()
-        tf.compat.v1.add_to_collection("train_op", train_op)
-        saver = tf.compat.v1.train.Saver(max_to_keep=10)
-        hook = SyncCheckpointSaverHook(str(tmp_path), save_secs=secs, save_steps=steps, saver=saver)
-        run_steps([hook], 5)
-    state = tf.train.get_checkpoint_state(str(tmp_path))
-    saved = sorted(int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths)
-    assert saved == expected
-    assert os.path.exists(tmp_path / "graph.pbtxt")
 
 
 def test_global_metrics_hook_leaves_one_worker_values_alone():
