@@ -1,0 +1,137 @@
+"""Checkpoints of whole logical tables: contents, N-to-M restore, kill-and-resume, crash mid-save, bad input.
+
+Workers train embedding_cases' model (two sharded tables with Adam slots, a
+dense layer) on their share of each global batch; every checkpoint is
+compared with one process training on the whole batches. A hash-table
+vocabulary (sok backend) is compared key by key with a one-worker run.
+"""
+
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective import CollectiveStrategy
+from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
+
+from launcher import run_workers
+from workers import checkpoint_cases as cc
+
+# Several launches share one module fixture: on a loaded 2-core machine they outlast the default timeout.
+pytestmark = pytest.mark.timeout(2400)
+BACKENDS = ("hb", "sok")
+# (world size, sources restored): writes with 1, 2, 3 workers and restores every (N, M) pair once.
+LAUNCHES = [(1, "reference", []), (2, "write", [1, 2]), (3, "write", [1, 2, 3]), (1, "nowrite", [1, 2, 3]),
+            (2, "nowrite", [3])]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    base = tmp_path_factory.mktemp("matrix")
+    for n, write, sources in LAUNCHES:
+        run_workers("checkpoint_worker.py", n, [base, write, *sources], timeout=400)
+    return base
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {2: cc.reference(2), 3: cc.reference(3), 6: cc.reference(6)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_checkpoint_holds_the_logical_tables(matrix, reference, backend, n):
+    path = str(matrix / backend / f"n{n}" / "model.ckpt-2")
+    cc.assert_checkpoint_equals(path, reference[2], f"written by {n} workers")
+    shapes = tf.compat.v1.train.NewCheckpointReader(path).get_variable_to_shape_map()
+    assert shapes["t1"] == [cc.cases.VOCAB, cc.cases.DIM] and shapes["t2/Adam_1"] == [cc.cases.VOCAB, cc.cases.DIM]
+
+
+@pytest.mark.parametrize("backend, n, m", [("hb", n, m) for n in (1, 2, 3) for m in (1, 2, 3)]
+                         + [("sok", 2, 3), ("sok", 3, 2)])
+def test_n_to_m_restore_continues_as_uninterrupted(matrix, reference, backend, n, m):
+    cc.assert_checkpoint_equals(str(matrix / backend / f"from{n}to{m}" / "model.ckpt-3"), reference[3],
+                                f"written by {n}, restored by {m} workers")
+
+
+def test_plain_tensorflow_saver_restores_the_checkpoint(matrix, reference):
+    """Full-size variables in one plain TensorFlow process read a 3-worker checkpoint."""
+    with tf.Graph().as_default():
+        cc.build()
+        with tf.compat.v1.Session() as sess:
+            tf.compat.v1.train.Saver().restore(sess, str(matrix / "hb" / "n3" / "model.ckpt-2"))
+            values = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+    for key in cc.TABLE_KEYS + cc.DENSE_KEYS:
+        np.testing.assert_allclose(values[key], reference[2][key], rtol=2e-4, atol=1e-6, err_msg=key)
+
+
+def _events(directory: pathlib.Path):
+    return sorted(directory.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("backend, n, crash", [("hb", 2, "die_in_save:4"), ("sok", 3, "exit_after_step:3")])
+def test_monitored_training_session_resumes_after_all_workers_are_killed(tmp_path, reference, backend, n, crash):
+    """MTS with checkpoint_dir on every worker; a worker dies; the rerun resumes and ends as an uninterrupted run."""
+    model_dir = tmp_path / "model"
+    proc = run_workers("checkpoint_mts.py", n, [model_dir, backend, 6, crash], check=False, timeout=400)
+    assert proc.returncode == 17, proc.stderr[-4000:]
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "model.ckpt-2")
+    if crash.startswith("die_in_save"):
+        # Rank 1 wrote its part of step 4 and died: the parts are there, the checkpoint and state are not.
+        assert (model_dir / "model.ckpt-4_temp" / "part-00001-of-00002.index").exists()
+        assert not (model_dir / "model.ckpt-4.index").exists()
+    cc.assert_checkpoint_equals(str(model_dir / "model.ckpt-2"), reference.get(2), "before the crash")
+    assert len(_events(model_dir)) == 1  # rank 0 alone writes event files
+
+    # The rerun of the sok case saves by time: the workers agree on the steps.
+    every = ["none:0", "secs"] if backend == "sok" else []
+    proc = run_workers("checkpoint_mts.py", n, [model_dir, backend, 6, *every], timeout=400)
+    for r in range(n):
+        assert f"[{r}] rank {r} started at step 2" in proc.stdout
+    cc.assert_checkpoint_equals(str(model_dir / "model.ckpt-6"), reference[6], "resumed")
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "model.ckpt-6")
+    assert len(_events(model_dir)) == 2 and (model_dir / "graph.pbtxt").exists()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_hash_table_checkpoint_holds_each_key_once_with_its_rows(matrix, n):
+    path = str(matrix / "sok-hash" / f"n{n}" / "model.ckpt-2")
+    seen = np.unique(np.concatenate([cc.hash_batch(step)[0].ravel() for step in range(2)]))
+    assert sorted(cc.read_hash_checkpoint(path)) == sorted(seen.tolist())
+    cc.assert_hash_checkpoints_equal(path, str(matrix / "sok-hash" / "n1" / "model.ckpt-2"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_hash_table_n_to_m_restore_continues_as_uninterrupted(matrix, n, m):
+    cc.assert_hash_checkpoints_equal(str(matrix / "sok-hash" / f"from{n}to{m}" / "model.ckpt-3"),
+                                     str(matrix / "sok-hash" / "uninterrupted" / "model.ckpt-3"))
+
+
+def test_checkpoint_of_another_model_names_the_variable_and_both_shapes(tmp_path):
+    """One process (world size 1) writes the model; a model with a larger t1 is refused before restoring."""
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        cc.build(strategy)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, str(tmp_path / "model.ckpt"), global_step=0)
+    message = r"variable 't1' has shape \[30, 4\] in this model but \[23, 4\] in the checkpoint"
+    with strategy.scope(), tf.Graph().as_default():
+        with strategy.embedding_scope():
+            tf.compat.v1.get_variable("t1", [30, cc.cases.DIM])
+        with pytest.raises(CheckpointMismatchError, match=message):
+            check_model_dir(tmp_path)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess, pytest.raises(CheckpointMismatchError, match=message):
+            saver.restore(sess, tf.train.latest_checkpoint(str(tmp_path)))
+
+
+def test_unwritable_model_dir_fails_with_a_clear_error(tmp_path):
+    not_a_dir = tmp_path / "a_file"
+    not_a_dir.write_text("x")
+    with pytest.raises(ModelDirError, match=r"model_dir '.*a_file/model' is not writable"):
+        check_model_dir(not_a_dir / "model")
+    assert check_model_dir(tmp_path / "fresh") is None and (tmp_path / "fresh").is_dir()

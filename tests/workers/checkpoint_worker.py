@@ -1,0 +1,59 @@
+"""Writes and restores checkpoints with collective.checkpoint.Saver: dense tables on both backends and a
+hash-table vocabulary (sok), all in one launch.
+
+argv: base_dir write|nowrite|reference [source_world_size ...]
+- write: trains 2 steps on this world size's share of the global batches and
+  saves <base>/<case>/n<N>/model.ckpt-2 (case: hb, sok, sok-hash).
+- each source S (for sok's dense tables only S, N in SOK_DENSE_PAIRS): restores <base>/<case>/n<S>/model.ckpt-2 under this world
+  size, trains step 2 and saves <base>/<case>/from<S>to<N>/model.ckpt-3.
+- reference: also trains the hash model 3 steps uninterrupted into <base>/sok-hash/uninterrupted.
+"""
+
+import os
+import sys
+
+import tensorflow as tf
+
+import checkpoint_cases
+import embedding_cases as cases
+from collective import CollectiveStrategy
+from collective.checkpoint import Saver
+
+SOK_DENSE_PAIRS = {(2, 3), (3, 2)}
+base, mode, sources = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
+
+
+def dense_model(strategy):
+    _, train, feed = checkpoint_cases.build(strategy)
+    return train, lambda step, r, n: feed(cases.local_batch(step, r, n))
+
+
+def run(strategy, model, restore_from, steps, save_to):
+    r, n = strategy.rank(), strategy.world_size()
+    with strategy.scope(), tf.Graph().as_default():
+        train, feed = model(strategy)
+        global_step = tf.compat.v1.train.get_global_step()
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            if restore_from:
+                saver.restore(sess, restore_from)
+            for step in steps:
+                assert sess.run(global_step) == step
+                sess.run(train, feed(step, r, n))
+            saver.save(sess, os.path.join(save_to, "model.ckpt"), global_step=global_step)
+
+
+for case, backend, model in (("hb", "hb", dense_model), ("sok", "sok", dense_model),
+                             ("sok-hash", "sok", checkpoint_cases.build_hash)):
+    strategy = CollectiveStrategy(backend)
+    n = strategy.world_size()
+    if mode in ("write", "reference"):
+        run(strategy, model, None, [0, 1], os.path.join(base, case, f"n{n}"))
+    if mode == "reference" and case == "sok-hash":
+        run(strategy, model, None, [0, 1, 2], os.path.join(base, case, "uninterrupted"))
+    for source in sources:
+        if case == "sok" and (source, n) not in SOK_DENSE_PAIRS:
+            continue  # the layout does not depend on the backend: sok's dense tables restore two pairs
+        run(strategy, model, os.path.join(base, case, f"n{source}", "model.ckpt-2"), [2],
+            os.path.join(base, case, f"from{source}to{n}"))
