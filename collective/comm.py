@@ -99,6 +99,16 @@ def _unfoldable(tensor: tf.Tensor) -> tf.Tensor:
     return tf.compat.v1.placeholder_with_default(tensor, tensor.shape)
 
 
+def rank_tensor() -> tf.Tensor:
+    """This worker's rank as an int64 tensor that Grappler cannot fold.
+
+    A literal rank makes graphs differ between ranks: on rank 0 the
+    arithmetic optimiser simplifies ``0 * x``, and a collective feeding ``x``
+    can then be scheduled differently there (seen as a hang in ``tf.function``).
+    """
+    return _unfoldable(tf.constant(rank(), tf.int64))
+
+
 def _nbytes(tensor: tf.Tensor) -> tf.Tensor:
     return tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
 

@@ -117,7 +117,7 @@ def _distributed_combine(table, info, ids, segments, weights, num_segments, comb
     n, r = info.world_size, info.rank
     batch_sizes = comm.allgather(tf.reshape(num_segments, [1]))
     block = tf.reduce_max(batch_sizes)
-    global_segments = segments + r * block
+    global_segments = segments + comm.rank_tensor() * block
     gathered = comm.allgather(tf.stack([ids, global_segments], axis=1))
     all_ids, all_segments = gathered[:, 0], gathered[:, 1]
     all_weights = comm.allgather(weights)

@@ -181,10 +181,11 @@ def _sok_group(prepared: List[_Prepared]) -> List[tf.Tensor]:
     dtype = prepared[0].req.table.dtype.base_dtype
     block = tf.reduce_max(comm.allgather(tf.reshape(tf.reduce_max(tf.stack([p.num_segments for p in prepared])),
                                                     [1])))
+    rank = comm.rank_tensor()
     columns = []
     for t, p in enumerate(prepared):
         weight_bits = _weight_bits(p.weights)
-        columns.append(tf.stack([p.ids, p.segments + r * block, tf.fill(tf.shape(p.ids), tf.constant(t, tf.int64)),
+        columns.append(tf.stack([p.ids, p.segments + rank * block, tf.fill(tf.shape(p.ids), tf.constant(t, tf.int64)),
                                  weight_bits], axis=1))
     gathered = comm.allgather(tf.concat(columns, axis=0))
     all_ids, all_segments, all_tables = gathered[:, 0], gathered[:, 1], gathered[:, 2]

@@ -7,9 +7,7 @@ through :mod:`collective.embedding.exchange`:
 
 - ``DistributedEmbedding`` (SOK's combiner lookup): allgather of keys,
   local gather and per-sample combine, reduce-scatter (the ``sok``
-  exchange). Inside ``tf.function`` it uses the ``hb`` exchange instead
-  (alltoall of unique keys, combine on the asking worker; same values): the
-  ``sok`` exchange hangs there (see docs/api_sok.md).
+  exchange), eagerly, in ``tf.function`` and in TF1 graphs.
 - ``All2AllDenseEmbedding``: bucket keys by owner, alltoall, gather, alltoall back.
 
 ``use_hashtable=True`` (SOK's default) gives a hash-table vocabulary
@@ -143,9 +141,8 @@ class DistributedEmbedding(_ShardedEmbedding):
                              f"got shape {inputs.shape}")
         keys = self._keys(inputs.values)
         segments = inputs.indices[:, 0]
-        backend = "hb" if tf.inside_function() and tf.compat.v1.executing_eagerly_outside_functions() else "sok"
         combined = exchange.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
-                                          self.combiner, backend)
+                                          self.combiner, "sok")
         rows = tf.cast(inputs.dense_shape[0], tf.int32)
         missing = rows - tf.shape(combined)[0]
         combined = tf.concat([combined, tf.zeros([missing, self.embedding_vec_size], combined.dtype)], axis=0)
