@@ -151,9 +151,6 @@ def test_reference_estimator_example_trains_evaluates_and_exports(reference_exam
     assert len(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="hash-table export: the SavedModel's saveable_objects collection names "
-                          "'embedding_weights_hash_index', an op the graph does not have (name scope dropped)")
 def test_reference_estimator_example_export_serves(reference_example):
     export_dir = os.path.dirname(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))[0])
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:

@@ -432,8 +432,11 @@ def export_index(name: str, full_name: str):
     for registered, index in tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES):
         if registered == full_name:
             return index
-    index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
-                                                    name=f"{_op_name(name)}_hash_index")
+    # At the root name scope, so that the op name equals the table's name: a TF1 SavedModel refers to
+    # a MutableHashTable's saveable by the unscoped name and fails to load otherwise.
+    with tf.compat.v1.get_default_graph().name_scope(None):
+        index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
+                                                        name=f"{_op_name(full_name)}_hash_index")
     tf.compat.v1.add_to_collection(modes.EXPORT_HASH_INDEXES, (full_name, index))
     return index
 
