@@ -130,6 +130,14 @@ class HashTable:
         self.values: Optional[tf.Variable] = None
         self._last_insert = None
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, HASH_INDEX_STATE_COLLECTION]
+        if tf.executing_eagerly():
+            scope = index_scope or name + "/hash_index"
+            self.keys_var = _eager_variable(f"{scope}/keys", [self.num_slots + 1], tf.int64,
+                                            tf.compat.v1.constant_initializer(EMPTY_KEY))
+            self.rows_var = _eager_variable(f"{scope}/rows", [self.num_slots + 1], tf.int64,
+                                            tf.compat.v1.constant_initializer(-1))
+            self.size_var = _eager_variable(f"{scope}/size", [], tf.int64, tf.compat.v1.zeros_initializer())
+            return
         with tf.compat.v1.variable_scope(index_scope or name + "/hash_index"):
             self.keys_var = _plain_variable("keys", [self.num_slots + 1], tf.int64,
                                             tf.compat.v1.constant_initializer(EMPTY_KEY), collections)
@@ -205,12 +213,17 @@ class HashTable:
             at = tf.where(missing)
             rows = tf.tensor_scatter_nd_update(found, at, tf.gather(new_rows, which))
             new_keys, new_rows = tf.identity(new_keys), tf.identity(new_rows)
-        self._last_insert = (rows.op, _control_flow_context())
+        self._remember_insert(rows)
         return rows, new_keys, new_rows
+
+    def _remember_insert(self, rows: tf.Tensor) -> None:
+        """Orders later graph lookups after this insert (eager code runs in order anyway)."""
+        if not tf.executing_eagerly():
+            self._last_insert = (rows.op, _control_flow_context())
 
     def _after_previous_insert(self):
         """Serialises inserts into this table built in the same graph and control-flow context."""
-        if self._last_insert is None:
+        if self._last_insert is None or tf.executing_eagerly():
             return []
         op, ctx = self._last_insert
         if op.graph is not tf.compat.v1.get_default_graph() or ctx is not _control_flow_context():
@@ -275,7 +288,7 @@ class HashTable:
             with tf.control_dependencies([init]):
                 rows = tf.identity(rows)
             # A later lookup may find these keys: it must read their rows after they are written.
-            self._last_insert = (rows.op, _control_flow_context())
+            self._remember_insert(rows)
             return tf.gather(values, rows)
         rows = self.find(keys)
         vectors = tf.gather(values, tf.maximum(rows, 0))
@@ -288,6 +301,11 @@ def _control_flow_context():
 
 def _op_name(name: str) -> str:
     return name.replace("/", "_").replace(":", "_")
+
+
+def _eager_variable(name: str, shape, dtype, initializer, trainable: bool = False) -> tf.Variable:
+    """A hash table's variable in TF2 eager code (Keras builds layers eagerly, also under ``tf.function``)."""
+    return tf.Variable(initializer(shape, dtype=dtype), trainable=trainable, name=name, dtype=dtype)
 
 
 def _plain_variable(name, shape, dtype, initializer, collections, trainable=False) -> tf.Variable:
@@ -368,6 +386,9 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
         raise ValueError(f"hash table '{name}': capacity_per_worker must be >= 1, got {capacity_per_worker!r}")
     if modes.is_exporting():
         return export_variable(name, dim, dtype)
+    if tf.executing_eagerly():
+        return _eager_hash_embedding_variable(name, dim, capacity_per_worker, initializer, dtype, trainable,
+                                              load_factor)
     full_name = _full_name(name)
     existing = _find_existing(full_name)
     if existing is not None:
@@ -385,6 +406,25 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
     return tag(values, ShardInfo(name=values.op.name, vocab=info.vocab, dim=info.dim, rank=ctx.rank,
                                  world_size=ctx.world_size, hash_index=table))
+
+
+def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer, dtype,
+                                   trainable: bool, load_factor: float) -> tf.Variable:
+    """:func:`hash_embedding_variable` in eager code: plain ``tf.Variable`` objects, no graph collections.
+
+    The caller tracks them (a Keras layer adds the values as a trainable
+    weight and ``table_of(values).variables`` as non-trainable ones), so
+    ``tf.train.Checkpoint`` and ``model.save_weights`` keep this worker's table.
+    """
+    ctx = context.get()
+    values = _eager_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
+                             tf.compat.v1.zeros_initializer(), trainable=trainable)
+    full_name = values.name.split(":")[0]
+    table = HashTable(full_name, dim, capacity_per_worker, initializer, dtype, load_factor,
+                      index_scope=name + "/hash_index")
+    table.values = values
+    return tag(values, ShardInfo(name=full_name, vocab=int(capacity_per_worker) * ctx.world_size, dim=int(dim),
+                                 rank=ctx.rank, world_size=ctx.world_size, hash_index=table))
 
 
 # ---------------------------------------------------------------- export mode

@@ -12,11 +12,15 @@ through :mod:`collective.embedding.exchange`:
 
 ``use_hashtable=True`` (SOK's default) gives a hash-table vocabulary
 (:mod:`collective.embedding.hash_table`, any int64 key, rows handed out on
-first sight); it needs graph mode. ``use_hashtable=False`` indexes rows by
+first sight, a key's first vector drawn from the initializer seeded by the
+key); eagerly, in ``tf.function`` and in TF1 graphs. ``call(..., training=False)``
+looks keys up without inserting them (unseen keys read zeros). ``use_hashtable=False`` indexes rows by
 key, so keys must lie in ``[0, max_vocabulary_size_per_gpu * world_size)``.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from typing import Optional
 
@@ -65,9 +69,6 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
         if self.key_dtype not in (tf.int64, tf.int32):
             raise ValueError(f"{kind}: key_dtype={key_dtype!r} must be tf.int64 or tf.int32")
         self.initializer = _initializer(kind, embedding_initializer)
-        if self.use_hashtable and tf.executing_eagerly():
-            raise ValueError(f"{kind}: use_hashtable=True needs graph mode (tf.compat.v1 graphs); in eager mode pass "
-                             "use_hashtable=False and keys in [0, max_vocabulary_size_per_gpu * world_size)")
         self.info: Optional[ShardInfo] = None
 
     def build(self, input_shape):
@@ -76,20 +77,26 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
         if self.use_hashtable:
             from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
 
-            with tf.compat.v1.variable_scope(self.name):
+            if tf.executing_eagerly():  # TF2: Keras builds under init_scope, also inside tf.function
                 var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
                                                          self.max_vocabulary_size_per_gpu, self.initializer,
-                                                         key_dtype=self.key_dtype)
+                                                         dtype=self.dtype, key_dtype=self.key_dtype)
+            else:
+                with tf.compat.v1.variable_scope(self.name):
+                    var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
+                                                             self.max_vocabulary_size_per_gpu, self.initializer,
+                                                             dtype=self.dtype, key_dtype=self.key_dtype)
             self._trainable_weights.append(var)
+            self._non_trainable_weights.extend(hash_table.table_of(var).variables)
         else:
             info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
                              world_size=ctx.world_size)
 
-            def local_initializer(shape, dtype=tf.float32, **_):
-                return shard_initial_value(self.initializer, info, dtype)
+            def local_initializer(shape, dtype=None, **_):
+                return shard_initial_value(self.initializer, info, dtype or self.dtype)
 
             var = self.add_weight(name="embedding_variables", shape=[info.local_rows, info.dim],
-                                  initializer=local_initializer, dtype=tf.float32, trainable=True)
+                                  initializer=local_initializer, dtype=self.dtype, trainable=True)
             name = var.name.split(":")[0]
             tag(var, ShardInfo(name=name, vocab=vocab, dim=info.dim, rank=ctx.rank, world_size=ctx.world_size))
         self.embedding_variable = var
@@ -101,6 +108,14 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
 
     def _check_call(self):
         refuse_tf_distribute(f"sok.{type(self).__name__} call")
+
+    def _lookup_mode(self, training):
+        """Hash tables insert unseen keys in training only; ``training=False`` reads zeros for them."""
+        if self.use_hashtable and training is not None and not tf.is_tensor(training) and not training:
+            from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+            return hash_table.inference()
+        return contextlib.nullcontext()
 
     def _keys(self, keys):
         if keys.dtype not in (tf.int32, tf.int64):
@@ -131,7 +146,7 @@ class DistributedEmbedding(_ShardedEmbedding):
         self.max_nnz = _positive("DistributedEmbedding", "max_nnz", max_nnz)
         self.max_feature_num = _positive("DistributedEmbedding", "max_feature_num", max_feature_num)
 
-    def call(self, inputs, training=True):  # pylint: disable=unused-argument
+    def call(self, inputs, training=True):
         self._check_call()
         if not isinstance(inputs, tf.SparseTensor):
             raise TypeError(f"DistributedEmbedding '{self.name}' takes a tf.SparseTensor of keys shaped "
@@ -141,8 +156,9 @@ class DistributedEmbedding(_ShardedEmbedding):
                              f"got shape {inputs.shape}")
         keys = self._keys(inputs.values)
         segments = inputs.indices[:, 0]
-        combined = exchange.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
-                                          self.combiner, "sok")
+        with self._lookup_mode(training):
+            combined = exchange.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
+                                              self.combiner, "sok")
         rows = tf.cast(inputs.dense_shape[0], tf.int32)
         missing = rows - tf.shape(combined)[0]
         combined = tf.concat([combined, tf.zeros([missing, self.embedding_vec_size], combined.dtype)], axis=0)
@@ -167,10 +183,11 @@ class All2AllDenseEmbedding(_ShardedEmbedding):
         self.nnz_per_slot = _positive("All2AllDenseEmbedding", "nnz_per_slot", nnz_per_slot)
         self.dynamic_input = bool(dynamic_input)
 
-    def call(self, inputs, training=True):  # pylint: disable=unused-argument
+    def call(self, inputs, training=True):
         self._check_call()
         keys = self._keys(tf.convert_to_tensor(inputs))
-        vectors = exchange.lookup(self.embedding_variable, self.shard, keys, "sok")
+        with self._lookup_mode(training):
+            vectors = exchange.lookup(self.embedding_variable, self.shard, keys, "sok")
         if self.dynamic_input:
             return vectors
         return tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])

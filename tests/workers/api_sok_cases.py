@@ -1,58 +1,89 @@
 """Data, dense weights and the single-process reference for the SOK recipe tests.
 
-The recipe (reference/sok-get-started.md, "Use SparseOperationKit with
-Horovod") runs in api_sok_tf2.py; the reference here trains the same
-DemoModel in one process on every global batch with ``tf.nn.embedding_lookup``
-on the whole table.
+The recipes (reference/sok-get-started.md) run in api_sok_tf2.py (Horovod,
+TF2) and api_sok_tf1.py (TensorFlow 1.15 graph); the reference here trains the
+same DemoModel in one process on every global batch, with
+``tf.nn.embedding_lookup`` on a whole table that holds one row per key.
+
+The recipes keep SOK's default ``use_hashtable=True``: keys are arbitrary int64
+values (negative, ``INT64_MIN``, ``INT64_MAX`` among them), and a key's first
+vector is a function of the key (:mod:`collective.embedding.key_init`), so the
+reference table starts from the same vectors.
 """
 
 import numpy as np
 import tensorflow as tf
 
+from collective.embedding import key_init
+
 VOCAB_PER_GPU, SLOT_NUM, NNZ, DIM, DENSE_LAYERS, UNITS = 1024, 10, 5, 16, 2, 1024
 GLOBAL_BATCH, STEPS, MAX_WORKERS = 12, 20, 3
-# The recipe's 0.1 makes this 1024-wide model diverge (losses in the hundreds), where float summation order
-# alone grows into differences of 1e-1 after 20 steps; 0.01 trains it smoothly.
-LEARNING_RATE = 0.01
+LEARNING_RATE = 0.1  # the recipe's
+# float32 only: at 0.1 this 1024-wide model diverges and float summation order alone (one process, the batch
+# summed in two halves) moves weights by 0.6 after 20 steps; at 0.01 by 2e-2 (ReLUs flip, Adam amplifies).
+FLOAT32_LEARNING_RATE = 0.01
+TOLERANCE = {"float64": dict(rtol=1e-5, atol=1e-5), "float32": None}
+
+KEY_POOL = np.concatenate([
+    np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0, 3, 2 ** 62], np.int64),
+    np.random.default_rng(5).integers(-2 ** 63, 2 ** 63 - 1, 994, dtype=np.int64)])
+"""The 1000 distinct keys the data draws from (fits one worker's 1024 rows)."""
 
 
-def table_values() -> np.ndarray:
-    """The logical table for up to MAX_WORKERS workers (keys stay below VOCAB_PER_GPU)."""
-    return np.random.default_rng(7).uniform(-0.05, 0.05, (VOCAB_PER_GPU * MAX_WORKERS, DIM)).astype(np.float32)
+def learning_rate(dtype: str) -> float:
+    return LEARNING_RATE if dtype == "float64" else FLOAT32_LEARNING_RATE
+
+
+def key_positions(step: int) -> np.ndarray:
+    """``[GLOBAL_BATCH, SLOT_NUM, NNZ]`` positions in KEY_POOL of one global batch's keys."""
+    rng = np.random.default_rng(1000 + step)
+    positions = rng.integers(0, len(KEY_POOL), (GLOBAL_BATCH, SLOT_NUM, NNZ))
+    positions[:, 0, 0] = 4  # key 3 in every sample on every worker
+    return positions
+
+
+def labels_of(step: int) -> np.ndarray:
+    return np.random.default_rng(2000 + step).integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32)
 
 
 def global_batch(step: int):
-    rng = np.random.default_rng(1000 + step)
-    keys = rng.integers(0, VOCAB_PER_GPU, (GLOBAL_BATCH, SLOT_NUM, NNZ)).astype(np.int64)
-    keys[:, 0, 0] = 3  # one key every sample and worker reads
-    labels = rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32)
-    return keys, labels
+    """Keys (int64 values) and labels of one global batch."""
+    return KEY_POOL[key_positions(step)], labels_of(step)
 
 
 def local_batch(step: int, rank: int, size: int):
+    """This worker's rows of the global batch: ``GLOBAL_BATCH / size`` consecutive samples."""
     keys, labels = global_batch(step)
     per = GLOBAL_BATCH // size
     return keys[rank * per:(rank + 1) * per], labels[rank * per:(rank + 1) * per]
 
 
-def dense_weights(shapes):
+def dense_weights(shapes, dtype="float32"):
     rng = np.random.default_rng(11)
-    return [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+    return [rng.normal(0, 0.05, s).astype(dtype) for s in shapes]
 
 
 def set_dense_weights(layers) -> None:
     """Fixed initial weights for the Dense layers (Keras' own are random per process)."""
     variables = [v for layer in layers for v in layer.weights]
-    for var, value in zip(variables, dense_weights([tuple(v.shape) for v in variables])):
+    dtype = variables[0].dtype.base_dtype.name
+    for var, value in zip(variables, dense_weights([tuple(v.shape) for v in variables], dtype)):
         var.assign(value)
 
 
-class ReferenceModel(tf.keras.models.Model):
-    """DemoModel with a whole table and tf.nn.embedding_lookup."""
+def first_vectors(table_name: str, dtype: str) -> np.ndarray:
+    """KEY_POOL's first vectors in hash table ``table_name`` under SOK's default initializer."""
+    init = key_init.KeyInitializer(tf.keras.initializers.RandomUniform(-0.05, 0.05), table_name, DIM,
+                                   VOCAB_PER_GPU, tf.as_dtype(dtype))
+    return init(tf.constant(KEY_POOL)).numpy()
 
-    def __init__(self, vocab: int):
+
+class ReferenceModel(tf.keras.models.Model):
+    """DemoModel with one whole table (a row per key of KEY_POOL) and tf.nn.embedding_lookup."""
+
+    def __init__(self, table: np.ndarray):
         super().__init__()
-        self.table = tf.Variable(table_values()[:vocab], name="table")
+        self.table = tf.Variable(table, name="table")
         self.dense_layers = [tf.keras.layers.Dense(units=UNITS, activation="relu") for _ in range(DENSE_LAYERS)]
         self.out_layer = tf.keras.layers.Dense(units=1, activation=None)
 
@@ -63,21 +94,35 @@ class ReferenceModel(tf.keras.models.Model):
         return self.out_layer(hidden)
 
 
-def reference_training(world_size: int, emb_optimizer: str = "keras_adam"):
-    """Losses, final table and dense weights of one process training on the global batches."""
-    model = ReferenceModel(VOCAB_PER_GPU * world_size)
-    model(global_batch(0)[0])
+def reference_training(table_name: str, dtype: str, emb_optimizer: str = "keras_adam"):
+    """Losses, final table (a row per KEY_POOL key) and dense weights of one process on the global batches.
+
+    Runs with Keras' floatx set to ``dtype``, as the recipe does (Keras optimizers keep their learning rate
+    in floatx: a float32 0.1 alone moves a float64 run by 1e-4 after 20 steps).
+    """
+    previous = tf.keras.backend.floatx()
+    tf.keras.backend.set_floatx(dtype)
+    try:
+        return _reference_training(table_name, dtype, emb_optimizer)
+    finally:
+        tf.keras.backend.set_floatx(previous)
+
+
+def _reference_training(table_name: str, dtype: str, emb_optimizer: str):
+    model = ReferenceModel(first_vectors(table_name, dtype))
+    model(key_positions(0))
     set_dense_weights(model.dense_layers + [model.out_layer])
+    lr = learning_rate(dtype)
     if emb_optimizer == "lazy_adam":
         from collective.sok import LazyAdamOptimizer  # pylint: disable=import-outside-toplevel
 
-        emb_opt = LazyAdamOptimizer(learning_rate=LEARNING_RATE)
+        emb_opt = LazyAdamOptimizer(learning_rate=lr)
     elif emb_optimizer == "legacy_adam":
-        emb_opt = tf.keras.optimizers.legacy.Adam(learning_rate=LEARNING_RATE)
+        emb_opt = tf.keras.optimizers.legacy.Adam(learning_rate=lr)
     else:
-        emb_opt = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+        emb_opt = tf.keras.optimizers.Adam(learning_rate=lr)
     dense_opt = (tf.keras.optimizers.legacy.Adam if emb_optimizer == "legacy_adam" else tf.keras.optimizers.Adam)(
-        learning_rate=LEARNING_RATE)
+        learning_rate=lr)
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
     others = [v for v in model.trainable_variables if v is not model.table]
 
@@ -90,13 +135,30 @@ def reference_training(world_size: int, emb_optimizer: str = "keras_adam"):
         dense_opt.apply_gradients(zip(grads, others))
         return loss
 
-    losses = [float(step(*global_batch(i))) for i in range(STEPS)]
+    losses = [float(step(key_positions(i), labels_of(i).astype(dtype))) for i in range(STEPS)]
     return np.array(losses), model.table.numpy(), [v.numpy() for v in others]
 
 
+def seen_keys() -> np.ndarray:
+    """Every key the training batches hold (the keys the hash tables must hold after training)."""
+    return np.unique(np.concatenate([global_batch(step)[0].ravel() for step in range(STEPS)]))
+
+
+# ---------------------------------------------------------------- the lookup cases (use_hashtable=False)
+
+def table_values() -> np.ndarray:
+    """A fixed logical table for up to MAX_WORKERS workers, for the ``use_hashtable=False`` lookups."""
+    return np.random.default_rng(7).uniform(-0.05, 0.05, (VOCAB_PER_GPU * MAX_WORKERS, DIM)).astype(np.float32)
+
+
+def index_keys(rank: int, size: int) -> np.ndarray:
+    """``[batch, slot, nnz]`` keys in ``[0, VOCAB_PER_GPU)`` for the ``use_hashtable=False`` lookups."""
+    return key_positions(0)[rank * (GLOBAL_BATCH // size):(rank + 1) * (GLOBAL_BATCH // size)].astype(np.int64)
+
+
 def sparse_keys(keys: np.ndarray) -> tf.SparseTensor:
-    """``[batch, slot, nnz]`` keys as DistributedEmbedding's SparseTensor ``[batch * slot, nnz]``; key 0 is
-    dropped, so slots have 0..nnz keys (some none)."""
+    """``[batch, slot, nnz]`` keys as DistributedEmbedding's SparseTensor ``[batch * slot, nnz]``; keys divisible
+    by 7 are dropped, so slots have 0..nnz keys (some none)."""
     flat = keys.reshape(-1, keys.shape[-1])
     rows, cols = np.nonzero(flat % 7 != 0)
     return tf.SparseTensor(np.stack([rows, cols], 1).astype(np.int64), flat[rows, cols], flat.shape)

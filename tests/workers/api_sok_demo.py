@@ -1,13 +1,10 @@
 """The DemoModel of reference/sok-get-started.md ("Define a model with TensorFlow"), as written.
 
-Changes, marked "CHANGED": ``use_hashtable=False`` and a fixed ``embedding_initializer``
-(keys index rows, and single-process TensorFlow starts from the same table, as
-SOK's own parity tests do); ``sok`` is ``collective.sok``.
+The one change, marked "CHANGED": ``sok`` is ``collective.sok``. The layer keeps
+SOK's defaults: a hash-table vocabulary and uniform [-0.05, 0.05] first vectors.
 """
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
-import api_sok_cases as cases
 import collective.sok as sok  # CHANGED: import
 
 
@@ -32,10 +29,7 @@ class DemoModel(tf.keras.models.Model):
                     max_vocabulary_size_per_gpu=self.max_vocabulary_size_per_gpu,
                     embedding_vec_size=self.embedding_vector_size,
                     slot_num=self.slot_num,
-                    nnz_per_slot=self.nnz_per_slot,
-                    use_hashtable=False,  # CHANGED: keys index rows
-                    embedding_initializer=tf.keras.initializers.Constant(  # CHANGED: fixed table
-                        cases.table_values()[:self.max_vocabulary_size_per_gpu * hvd.size()]))
+                    nnz_per_slot=self.nnz_per_slot)
 
         self.dense_layers = list()
         for _ in range(self.num_of_dense_layers):

@@ -1,13 +1,14 @@
 """reference/sok-get-started.md, "TensorFlow 1.15" with Horovod, run as written in a TF1 graph.
 
-argv: out_dir
+argv: out_dir float64|float32
 
 Changes, each marked "CHANGED":
 - imports: ``collective.sok`` for ``sparse_operation_kit``; ``tensorflow.compat.v1``
   with eager execution disabled (the recipe is TF 1.15 code); the launcher sets
   CUDA_VISIBLE_DEVICES, so the recipe's line setting it is dropped.
-- model and data as in api_sok_tf2.py (DemoModel from api_sok_demo, 2 dense
-  layers, global batch 12, learning rate 0.01, fixed initial dense weights);
+- dtype, model and data as in api_sok_tf2.py (``set_floatx`` from argv, DemoModel
+  from api_sok_demo as written, 2 dense layers, global batch 12, fixed initial
+  dense weights);
   ``inputs, labels`` are placeholders fed each step's share, and the loop runs
   ``cases.STEPS`` iterations.
 - ``tf.keras.optimizers.Adam`` is the legacy Keras Adam
@@ -28,8 +29,10 @@ tf.disable_eager_execution()  # CHANGED: TF1 graph
 import api_sok_cases as cases
 import collective.sok as sok  # CHANGED: import
 from api_sok_demo import DemoModel
+from collective.embedding import hash_table
 
-out_dir = sys.argv[1]
+out_dir, dtype = sys.argv[1], sys.argv[2]
+tf.keras.backend.set_floatx(dtype)  # CHANGED: dtype
 
 import horovod.tensorflow as hvd
 hvd.init()
@@ -48,8 +51,8 @@ model = DemoModel(max_vocabulary_size_per_gpu=1024,
 if not use_tf_opt:
     emb_opt = sok.optimizers.Adam(learning_rate=0.1)
 else:
-    emb_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: legacy, 0.01
-dense_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: legacy, 0.01
+    emb_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.learning_rate(dtype))  # CHANGED: legacy
+dense_opt = tf.keras.optimizers.legacy.Adam(learning_rate=cases.learning_rate(dtype))  # CHANGED: legacy
 
 loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
 def _replica_loss(labels, logits):
@@ -80,11 +83,12 @@ def train_step(inputs, labels, training):
 
 # CHANGED: dataset = ... -> placeholders fed with this worker's share
 inputs = tf.placeholder(tf.int64, [None, cases.SLOT_NUM, cases.NNZ])
-labels = tf.placeholder(tf.float32, [None, 1])
+labels = tf.placeholder(dtype, [None, 1])
 loss = train_step(inputs, labels, training=True)  # CHANGED: slip, training argument
 dense_init = [v.assign(value) for v, value in zip(
     [v for layer in model.dense_layers + [model.out_layer] for v in layer.weights],
-    cases.dense_weights([tuple(v.shape) for layer in model.dense_layers + [model.out_layer] for v in layer.weights]))]
+    cases.dense_weights([tuple(v.shape) for layer in model.dense_layers + [model.out_layer] for v in layer.weights],
+                        dtype))]
 
 init_op = tf.group(tf.global_variables_initializer(),
                    tf.local_variables_initializer())
@@ -97,11 +101,13 @@ with tf.Session() as sess:
 
     for step in range(cases.STEPS):  # CHANGED: iterations
         batch_inputs, batch_labels = cases.local_batch(step, hvd.rank(), hvd.size())
+        batch_labels = batch_labels.astype(dtype)
         loss_v = sess.run(loss, {inputs: batch_inputs, labels: batch_labels})
         print("[SOK INFO]: Iteration: {}, loss: {}".format(step, loss_v))
         losses.append(loss_v)
     emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
-    values = sess.run([emb_var[0], list(other_var)])
+    held_keys, held_rows = hash_table.table_of(emb_var[0]).entries()
+    values = sess.run([held_keys, tf.gather(emb_var[0], held_rows), list(other_var)])
 
-np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses) / hvd.size(), shard=values[0],
-         **{f"dense{i}": v for i, v in enumerate(values[1])})
+np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses) / hvd.size(), keys=values[0],
+         vectors=values[1], table_name=emb_var[0].op.name, **{f"dense{i}": v for i, v in enumerate(values[2])})

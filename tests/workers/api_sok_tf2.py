@@ -1,17 +1,18 @@
 """reference/sok-get-started.md, "Use SparseOperationKit with Horovod" (TF2), run as written.
 
-argv: out_dir [keras_adam|sok_adam|lazy_adam]
+argv: out_dir keras_adam|sok_adam|lazy_adam float64|float32
 
 Changes to the recipe, each marked "CHANGED" below:
 - imports: ``import collective.sok as sok`` for ``import sparse_operation_kit as sok``;
   the launcher sets CUDA_VISIBLE_DEVICES, so the recipe's line setting it is dropped.
-- data and size: ``dataset = ...`` is GLOBAL_BATCH / N rows of random keys per
-  worker (api_sok_cases), global_batch_size 12 instead of 65536,
-  num_of_dense_layers 2 instead of 7 (CPU time), ``use_hashtable=False`` and
-  an ``embedding_initializer`` with fixed values (so single-process TensorFlow
-  can start from the same table: SOK's own parity tests do the same).
-- learning rate 0.01 instead of 0.1 (at 0.1 this model diverges and float summation
-  order alone makes runs differ; see api_sok_cases.LEARNING_RATE).
+- dtype: ``tf.keras.backend.set_floatx`` from argv. The parity runs use float64:
+  in float32 the order in which a sum is taken (one process, the batch summed in
+  two halves) already moves some weights of this model by 2e-2 to 6e-1 after 20
+  steps, so no float32 run can match another to 1e-5. The float32 run keeps the
+  recipe's dtype at learning rate 0.01 (api_sok_cases.FLOAT32_LEARNING_RATE).
+- data and size: ``dataset = ...`` is GLOBAL_BATCH / N rows per worker of keys
+  drawn from 1000 arbitrary int64 values (api_sok_cases), global_batch_size 12
+  instead of 65536, num_of_dense_layers 2 instead of 7 (CPU time).
 - the Dense layers get fixed initial weights after the model is built (Keras'
   are random per process; the reference starts from the same ones).
 - evident slips: ``tf.keras.BinaryCrossentropy`` -> ``tf.keras.losses.BinaryCrossentropy``;
@@ -29,18 +30,21 @@ import tensorflow as tf
 
 import api_sok_cases as cases
 import collective.sok as sok  # CHANGED: import
+from collective.embedding import hash_table
 
-out_dir, which = sys.argv[1], sys.argv[2]
+out_dir, which, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
+tf.keras.backend.set_floatx(dtype)  # CHANGED: dtype
 
 import horovod.tensorflow as hvd
 hvd.init()
 
 
-from api_sok_demo import DemoModel  # the recipe's model, unchanged but for use_hashtable/initializer
+from api_sok_demo import DemoModel  # the recipe's model, as written
 
 
 global_batch_size = cases.GLOBAL_BATCH  # CHANGED: 65536
 use_tf_opt = which != "sok_adam"
+learning_rate = cases.learning_rate(dtype)  # CHANGED: 0.01 for float32 only
 
 sok.Init(global_batch_size=global_batch_size)
 
@@ -49,17 +53,17 @@ model = DemoModel(max_vocabulary_size_per_gpu=1024,
                   nnz_per_slot=5,
                   embedding_vector_size=16,
                   num_of_dense_layers=cases.DENSE_LAYERS)  # CHANGED: 7
-model(cases.local_batch(0, hvd.rank(), hvd.size())[0])  # CHANGED: build, then fixed dense weights
+model(cases.local_batch(0, hvd.rank(), hvd.size())[0], training=False)  # CHANGED: build, then fixed dense weights
 cases.set_dense_weights(model.dense_layers + [model.out_layer])
 
 if not use_tf_opt:
-    emb_opt = sok.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1 (see api_sok_cases)
+    emb_opt = sok.optimizers.Adam(learning_rate=learning_rate)
 elif which == "lazy_adam":
-    emb_opt = sok.LazyAdamOptimizer(learning_rate=cases.LEARNING_RATE)  # CHANGED: the lazy variant
+    emb_opt = sok.LazyAdamOptimizer(learning_rate=learning_rate)  # CHANGED: the lazy variant
 else:
-    emb_opt = tf.keras.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1
+    emb_opt = tf.keras.optimizers.Adam(learning_rate=learning_rate)
 
-dense_opt = tf.keras.optimizers.Adam(learning_rate=cases.LEARNING_RATE)  # CHANGED: 0.1
+dense_opt = tf.keras.optimizers.Adam(learning_rate=learning_rate)
 
 loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)  # CHANGED: slip
 def _replica_loss(labels, logits):
@@ -100,13 +104,17 @@ for i, (inputs, labels) in enumerate(dataset):
     losses.append(float(total_loss))
 
 emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
-np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses), shard=emb_var[0].numpy(),
+held_keys, held_rows = hash_table.table_of(emb_var[0]).entries()
+np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses), keys=held_keys.numpy(),
+         vectors=tf.gather(emb_var[0], held_rows).numpy(), table_name=emb_var[0].name.split(":")[0],
          **{f"dense{i}": v.numpy() for i, v in enumerate(other_var)})
 
-# Not in the recipe: DistributedEmbedding (mean and sum) and a dynamic-input
-# All2AllDenseEmbedding on this worker's share, eagerly and in tf.function, against numpy in the test.
+# Not in the recipe: DistributedEmbedding (mean and sum) and a dynamic-input All2AllDenseEmbedding, with
+# use_hashtable=False and a fixed table, on this worker's share, eagerly and in tf.function, against numpy;
+# and the recipe's layer with training=False: keys it never saw read zeros and are not inserted.
+tf.keras.backend.set_floatx("float32")
 lookups = {}
-keys, _ = cases.local_batch(0, hvd.rank(), hvd.size())
+keys = cases.index_keys(hvd.rank(), hvd.size())
 sparse = cases.sparse_keys(keys)
 table = cases.table_values()[:1024 * hvd.size()]
 for combiner in ("Mean", "sum"):
@@ -119,4 +127,9 @@ dynamic = sok.All2AllDenseEmbedding(1024, 16, slot_num=1, nnz_per_slot=1, dynami
                                     embedding_initializer=tf.keras.initializers.Constant(table))
 unique, _ = tf.unique(tf.reshape(keys, [-1]))
 lookups["dynamic_keys"], lookups["dynamic"] = unique.numpy(), dynamic(unique).numpy()
+size_before = int(hash_table.table_of(emb_var[0]).size())
+probe = np.array([[[k] * 5 for k in (7, 3, 11, 3, -5, 13, 17, 19, 23, 29)]], np.int64)  # 3 was trained
+lookups["inference_keys"] = probe
+lookups["inference"] = tf.function(lambda k: model.embedding_layer(k, training=False))(probe).numpy()
+lookups["inference_size_change"] = int(hash_table.table_of(emb_var[0]).size()) - size_before
 np.savez(os.path.join(out_dir, f"lookups{hvd.rank()}.npz"), **lookups)
