@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from collective import context
@@ -283,6 +284,24 @@ def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None,
     # op names, which rank-dependent construction would shift.
     sent = _nbytes(tensor) * (n - 1) * int(rank() == root_rank)
     return _counted(y, sent)
+
+
+def broadcast_string(value: Optional[str], root_rank: int = 0, max_bytes: int = 4096) -> str:
+    """``value`` as it is on ``root_rank``, on every worker, from plain Python (eager or not).
+
+    Runs in a graph and session of its own, so it works whatever mode the
+    caller is in; every worker must call it at the same point.
+    """
+    if world_size() == 1:
+        return value or ""
+    data = (value or "").encode() if rank() == root_rank else b""
+    if len(data) > max_bytes:
+        raise ValueError(f"broadcast_string: {len(data)} bytes is more than max_bytes={max_bytes}")
+    padded = np.zeros([max_bytes], np.uint8)
+    padded[:len(data)] = np.frombuffer(data, np.uint8)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        got = sess.run(_hvd().broadcast(tf.constant(padded), root_rank, name="collective_broadcast_string"))
+    return bytes(got).rstrip(b"\0").decode()
 
 
 def allreduce_max(tensor: tf.Tensor) -> tf.Tensor:

@@ -4,7 +4,7 @@
 (whose public methods subclasses may not override) and has its methods:
 ``train``, ``evaluate``, ``predict``, ``export_saved_model`` and
 ``train_and_evaluate(train_spec, eval_spec)``. On every worker, with the same
-``model_dir``:
+``model_dir`` (worker 0 makes a temporary one for all when none is given):
 
 - Input: ``input_fn`` returns this worker's share as a batched
   ``tf.data.Dataset`` (read it with ``collective.data`` readers, or take an
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
@@ -46,6 +47,21 @@ def build_estimator(strategy, model_fn, model_dir, config=None, params=None, *, 
     """The Estimator ``CollectiveStrategy.estimator`` returns (see :class:`CollectiveEstimator`)."""
     return CollectiveEstimator(strategy, model_fn, model_dir, config=config, params=params,
                                shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps)
+
+
+def shared_temporary_model_dir() -> str:
+    """A temporary model directory made by worker 0 and used by every worker (``model_dir=None``).
+
+    ``tf.estimator.Estimator`` makes a temporary directory per process when no
+    model_dir is given; here all workers must share one, so worker 0 makes it
+    and sends its path. On several hosts it must be on a shared file system:
+    pass a model_dir there.
+    """
+    path = tempfile.mkdtemp(prefix="collective_model_") if comm.rank() == 0 else None
+    path = comm.broadcast_string(path)
+    logger.warning("model_dir is not set: every worker uses the temporary folder %s made by worker 0 "
+                    "(on several hosts, pass a model_dir on a shared file system)", path)
+    return path
 
 
 class CollectiveEstimator:
@@ -72,8 +88,7 @@ class CollectiveEstimator:
         self._shard_input = shard_input
         config = config if config is not None else tf.estimator.RunConfig()
         if model_dir is None and config.model_dir is None:
-            raise ValueError("strategy.estimator needs a model_dir that every worker shares; got none in the "
-                             "arguments or the RunConfig")
+            model_dir = shared_temporary_model_dir()
         self._user_config = config
         self._throughput_every = (throughput_every_n_steps or config.log_step_count_steps or 100)
         worker_config = config

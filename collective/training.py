@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 import tensorflow as tf
 from tensorflow.python.ops import variable_v1, variables
@@ -113,7 +114,26 @@ def average_gradients(grads_and_vars):
     return pairs
 
 
+@contextlib.contextmanager
+def gradients_averaged() -> Iterator[None]:
+    """Inside the block, ``Optimizer.apply_gradients`` takes the gradients as already averaged.
+
+    ``hb.train.wraps_optimizer`` averages once and then runs the user's
+    ``apply_gradients``, which may call ``super().apply_gradients`` (the
+    scope's averaging one): that call must not average (and divide sharded
+    tables' gradients by N) a second time.
+    """
+    previous = getattr(_local, "averaged", False)
+    _local.averaged = True
+    try:
+        yield
+    finally:
+        _local.averaged = previous
+
+
 def averaging_apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """``Optimizer.apply_gradients`` on gradients averaged over workers."""
     apply = patches.original(optimizer_lib.Optimizer, "apply_gradients")
+    if getattr(_local, "averaged", False):
+        return apply(self, grads_and_vars, global_step=global_step, name=name)
     return apply(self, average_gradients(grads_and_vars), global_step=global_step, name=name)

@@ -60,6 +60,11 @@ def test_wraps_optimizer_on_a_user_class(hb_run, reference):
     _check(res, n, "user", reference["user"])
 
 
+def test_wrapped_user_apply_gradients_calling_super_inside_scope_averages_once(hb_run, reference):
+    n, res = hb_run
+    _check(res, n, "override", reference["user"])
+
+
 def test_every_tf_train_optimizer_has_a_wrapper():
     import collective.hb as hb
 
@@ -105,8 +110,6 @@ def test_unknown_arguments_are_named():
             pass
     with pytest.raises(TypeError, match="server_def"):
         hb.train.Server(server_def=None)
-    with pytest.raises(ValueError, match="model_dir"):
-        hb.estimator.Estimator(model_fn=lambda features, labels, mode: None)
     assert hb.train.Server().target == ""
     assert hb.train.device_setter() in ("/cpu:0", "/gpu:0")
 
@@ -140,22 +143,7 @@ def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n):
     import pyarrow.parquet as pq
     assert read == sorted(float(x) for f in files for x in pq.read_table(f)["a"].to_numpy())
     # One process replaying the global batches (all workers' batches of a step) with TensorFlow's optimizer.
-    with tf.Graph().as_default():
-        feats = {k: tf.compat.v1.placeholder(dt, [None]) for k, dt in
-                 (("a", tf.float64), ("c", tf.int64), ("label", tf.float32))}
-        rng_table = np.random.default_rng(3).normal(0, 0.5, (20, 4)).astype(np.float32)
-        table = tf.compat.v1.get_variable("c_table", initializer=rng_table)
-        w = tf.compat.v1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 5).reshape(-1, 1).astype(np.float32))
-        x = tf.concat([tf.nn.embedding_lookup(table, feats["c"]), tf.cast(feats["a"], tf.float32)[:, None]], 1)
-        loss = tf.compat.v1.losses.sigmoid_cross_entropy(feats["label"][:, None], tf.matmul(x, w))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            losses = []
-            for s in range(steps):
-                feed = {feats[k]: np.concatenate([res[r][f"{k}{s}"] for r in range(n)]) for k in feats}
-                losses.append(sess.run([loss, train], feed)[0])
-            final_table, final_w = sess.run([table, w])
+    losses, final_table, final_w, rng_table = _replay(res, n, steps, tf.compat.v1.train.GradientDescentOptimizer(0.5))
     np.testing.assert_allclose(np.mean([res[r]["losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
     for r in range(n):
         with np.load(out / f"final{r}.npz") as final:
@@ -180,3 +168,72 @@ def _check_export(out, table, w):
         logits = sess.run(signature.outputs["logits"].name, {"input:0": examples})
     expected = np.concatenate([table[c], a[:, None]], axis=1) @ w
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def _replay(res, n, steps, optimizer):
+    """One process training the recipes' model on each step's global batch; returns losses, table, w, and
+    a function computing logits of (a, c) with the final values."""
+    with tf.Graph().as_default():
+        feats = {k: tf.compat.v1.placeholder(dt, [None]) for k, dt in
+                 (("a", tf.float64), ("c", tf.int64), ("label", tf.float32))}
+        rng_table = np.random.default_rng(3).normal(0, 0.5, (20, 4)).astype(np.float32)
+        table = tf.compat.v1.get_variable("c_table", initializer=rng_table)
+        w = tf.compat.v1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 5).reshape(-1, 1).astype(np.float32))
+        x = tf.concat([tf.nn.embedding_lookup(table, feats["c"]), tf.cast(feats["a"], tf.float32)[:, None]], 1)
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(tf.reshape(feats["label"], [-1, 1]), tf.matmul(x, w))
+        train = optimizer.minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            losses = []
+            for s in range(steps):
+                feed = {feats[k]: np.concatenate([np.ravel(res[r][f"{k}{s}"]) for r in range(n)]) for k in feats}
+                losses.append(sess.run([loss, train], feed)[0])
+            final_table, final_w = sess.run([table, w])
+    return losses, final_table, final_w, rng_table
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_estimator_recipe_trains_evaluates_and_exports_like_one_process(tmp_path, n):
+    files = _write_parquet(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_workers("api_hb_recipe_estimator.py", n, [out, *files], timeout=900)
+    res = load_rank_results(out, n)
+    steps = int(res[0]["steps"])
+    assert steps == 48 // (4 * n) and all(int(res[r]["steps"]) == steps for r in range(n))
+    # model_dir=None: worker 0's temporary folder, the same on every worker.
+    model_dir = str(res[0]["model_dir"])
+    assert "collective_model_" in model_dir and all(str(res[r]["model_dir"]) == model_dir for r in range(n))
+    losses, table, w, initial = _replay(res, n, steps, tf.compat.v1.train.AdagradOptimizer(0.5))
+    assert not np.allclose(table, initial), "training did not move the table"
+    for r in range(n):
+        np.testing.assert_allclose(res[r]["table"], table, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[r]["w"], w, rtol=1e-5, atol=1e-6)
+    # Parallel evaluation: every worker reports the metrics of all rows.
+    import pyarrow.parquet as pq
+
+    data = [pq.read_table(f).to_pydict() for f in files]
+    a = np.concatenate([d["a"] for d in data]).astype(np.float32)
+    c = np.concatenate([d["c"] for d in data])
+    label = np.concatenate([d["label"] for d in data]).astype(np.float32)
+    logits = (np.concatenate([table[c], a[:, None]], axis=1) @ w)[:, 0]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        expected_loss = sess.run(tf.compat.v1.losses.sigmoid_cross_entropy(label, logits))
+        auc, update = tf.compat.v1.metrics.auc(label, tf.sigmoid(logits))
+        sess.run(tf.compat.v1.local_variables_initializer())
+        sess.run(update)
+        expected_auc = sess.run(auc)
+    for r in range(n):
+        np.testing.assert_allclose(res[r]["eval_loss"], expected_loss, rtol=1e-5)
+        np.testing.assert_allclose(res[r]["eval_auc"], expected_auc, rtol=1e-5)
+    # The SavedModel (rank 0 writes it) serves the trained model from its sparse and dense placeholders.
+    exports = list((out / "export").iterdir())
+    assert len(exports) == 1, exports
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.load(sess, ["serve"], str(exports[0]))
+        signature = meta.signature_def["serving_default"]
+        sparse = signature.inputs["c"].coo_sparse
+        served = sess.run(signature.outputs["logits"].name, {
+            signature.inputs["a"].name: a[:7], sparse.indices_tensor_name: np.array([[i, 0] for i in range(7)]),
+            sparse.values_tensor_name: c[:7], sparse.dense_shape_tensor_name: np.array([7, 1])})
+    np.testing.assert_allclose(served[:, 0], logits[:7], rtol=1e-5, atol=1e-6)

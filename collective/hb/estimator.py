@@ -19,14 +19,11 @@ def Estimator(model_fn: Callable, model_dir: Optional[str] = None, config=None, 
               **kwargs):
     """An Estimator that trains, evaluates, predicts and exports on every worker.
 
-    ``model_dir`` (or ``config.model_dir``) is required: every worker must
-    name the same directory, which a per-process temporary one is not.
+    Without ``model_dir`` (here or in ``config``), worker 0 makes a temporary
+    directory and every worker uses it, as ``tf.estimator.Estimator`` makes one
+    per process (on several hosts pass a model_dir on a shared file system).
     Other keyword arguments go to :class:`collective.estimator.CollectiveEstimator`.
     """
-    model_dir = model_dir or getattr(config, "model_dir", None)
-    if not model_dir:
-        raise ValueError("hb.estimator.Estimator needs model_dir (or a RunConfig with model_dir): every worker "
-                         "must use the same directory, so a temporary one per process cannot work")
     from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 
     return build_estimator(strategy(), model_fn, model_dir, config=config, params=params, **kwargs)

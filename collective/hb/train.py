@@ -61,7 +61,8 @@ def wraps_optimizer(cls: type) -> type:
             # TensorFlow's own apply_gradients, never the scope's averaging one: averaged once, here.
             return patches.original(optimizer_lib.Optimizer, "apply_gradients")(
                 self, pairs, global_step=global_step, name=name)
-        return impl(self, pairs, global_step=global_step, name=name)
+        with training.gradients_averaged():  # the user's super().apply_gradients must not average again
+            return impl(self, pairs, global_step=global_step, name=name)
 
     apply_gradients.__doc__ = (f"{cls.__name__}.apply_gradients on gradients averaged over workers "
                                "(sharded tables' gradients scaled for a global mean).")

@@ -41,6 +41,13 @@ class PlainSGD(tf.compat.v1.train.Optimizer):
         return var.assign_sub(self._lr * grad)
 
 
+class OverridingSGD(PlainSGD):
+    """A user optimizer that overrides ``apply_gradients`` and calls ``super()`` (to log or clip, say)."""
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        return super().apply_gradients(list(grads_and_vars), global_step=global_step, name=name)
+
+
 def build(optimizer, embedding_scope=contextlib.nullcontext):
     """The model on placeholders; ``optimizer`` is an optimizer instance. Returns (loss, train_op, vars, feed)."""
     dense_ids = tf.compat.v1.placeholder(tf.int64, [None, 2])

@@ -6,7 +6,7 @@ Changes, each marked "CHANGED":
 - imports: ``collective.hb`` for ``hybridbackend.tensorflow``; ``tensorflow.compat.v1``
   with eager execution disabled (TF1 code: tf.losses, tf.train.*).
 - data: the Parquet files from argv (columns a: float, c: int64 id, label), batch_size 4.
-- the recipe's ``# ...`` model: ``c`` looked up in a 20 x 4 table made in
+- the recipe's ``# ...`` model (api_hb_recipe_model.py): ``c`` looked up in a 20 x 4 table made in
   ``hb.embedding_scope()``, concatenated with ``a``, a linear layer, sigmoid cross
   entropy; fixed initial values. The eval dataset/metrics (``...`` in the recipe)
   are left out.
@@ -27,28 +27,18 @@ import tensorflow.compat.v1 as tf  # CHANGED: TF1 API
 tf.disable_eager_execution()  # CHANGED
 
 import collective.hb as hb  # CHANGED: import
+from api_hb_recipe_model import logits_and_variables  # CHANGED: the model of the recipe's "# ..."
 
 out_dir, files = sys.argv[1], sys.argv[2:]
 lr = 0.5
-VOCAB, DIM = 20, 4
-TABLE = np.random.default_rng(3).normal(0, 0.5, (VOCAB, DIM)).astype(np.float32)
-W = np.linspace(-0.5, 0.5, DIM + 1).reshape(-1, 1).astype(np.float32)
 
 
-def my_model(features, training=True):  # CHANGED: the recipe's "# ..."
-    ids = features["c"]
-    if isinstance(ids, tf.SparseTensor):  # parsed serving examples: one id each
-        ids = tf.sparse.to_dense(ids)[:, 0]
-    with hb.embedding_scope():
-        table = tf.get_variable("c_table", [VOCAB, DIM], initializer=tf.constant_initializer(TABLE))
-        emb = tf.nn.embedding_lookup(table, ids)
-    w = tf.get_variable("w", [DIM + 1, 1], initializer=tf.constant_initializer(W))
-    x = tf.concat([emb, tf.reshape(tf.cast(features["a"], tf.float32), [-1, 1])], axis=1)
-    logits = tf.matmul(x, w)
-    if not training:
-        return {"logits": logits}
-    tf.losses.sigmoid_cross_entropy(tf.cast(features["label"], tf.float32)[:, None], logits)
-    return table, w
+def my_model(features, training=True):  # CHANGED: the recipe's "# ..." (api_hb_recipe_model)
+  logits, table, w = logits_and_variables(features)
+  if not training:
+    return {"logits": logits}
+  tf.losses.sigmoid_cross_entropy(tf.cast(features["label"], tf.float32)[:, None], logits)
+  return table, w
 
 
 class SaveOnEnd(tf.train.SessionRunHook):  # CHANGED: records the trained values

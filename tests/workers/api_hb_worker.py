@@ -31,4 +31,8 @@ for name in ("AdagradOptimizer", "FtrlOptimizer"):
 MySGD = hb.train.wraps_optimizer(hbc.PlainSGD)
 losses, (table, w) = hbc.train(lambda: MySGD(0.5), batches, hb.embedding_scope)
 results.update({"user_losses": losses, "user_table": table, "user_w": w})
+# Inside hb.scope(), a user apply_gradients calling super() must not average (divide by N) a second time.
+OverridingSGD = hb.train.wraps_optimizer(hbc.OverridingSGD)
+losses, (table, w) = hbc.train(lambda: OverridingSGD(0.5), batches, hb.embedding_scope, hb.scope)
+results.update({"override_losses": losses, "override_table": table, "override_w": w})
 np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)
