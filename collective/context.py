@@ -62,7 +62,8 @@ class Context:
       local_rank: index among the workers on this host.
       local_size: number of workers on this host.
       backend: embedding exchange, ``hb`` or ``sok`` (``COLLECTIVE_STRATEGY``).
-      kernels: ``tf`` or ``cupy`` implementation of the id kernels (``COLLECTIVE_KERNELS``).
+      kernels: implementation of the id kernels (``COLLECTIVE_KERNELS``): ``tf``; ``cupy`` is
+        refused with an explanation until the exchanges are wired to the CuPy kernels.
       replicate_below_bytes: tables smaller than this stay replicated
         (``COLLECTIVE_REPLICATE_BELOW_BYTES``; 0 shards every table with at
         least ``world_size`` rows).
@@ -109,6 +110,12 @@ class Context:
         if world_size < 1 or not 0 <= rank < world_size:
             raise OptionError(f"rank {rank} does not fit world size {world_size}; "
                               "start workers with 'python -m collective.launch -n N script.py'")
+        kernels = _choice(env, "COLLECTIVE_KERNELS", KERNELS, "tf")
+        if kernels == "cupy":
+            raise OptionError("COLLECTIVE_KERNELS='cupy': the exchanges do not run the CuPy kernels yet (the "
+                              "DLPack wiring needs TensorFlow tensors on a GPU and has not been built and checked "
+                              "on one); unset it or set COLLECTIVE_KERNELS=tf. The kernels themselves are in "
+                              "collective.kernels.cupy_ops")
         visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
         gpu = visible.split(",")[0] if visible and visible != "-1" else None
         return cls(
@@ -117,7 +124,7 @@ class Context:
             local_rank=_first_int(env, _LOCAL_RANK_VARS, rank),
             local_size=_first_int(env, _LOCAL_SIZE_VARS, world_size),
             backend=_choice(env, "COLLECTIVE_STRATEGY", BACKENDS, "hb"),
-            kernels=_choice(env, "COLLECTIVE_KERNELS", KERNELS, "tf"),
+            kernels=kernels,
             replicate_below_bytes=_nonnegative_int(env, "COLLECTIVE_REPLICATE_BELOW_BYTES", 0),
             hb_comm_default=env.get("HB_COMM_DEFAULT", "NCCL"),
             hb_comm_pool_capacity=_first_int(env, ("HB_COMM_POOL_CAPACITY",), 1),

@@ -24,6 +24,7 @@ def test_reads_horovod_variables_and_options():
 @pytest.mark.parametrize("env, message", [
     ({"COLLECTIVE_STRATEGY": "nccl"}, "COLLECTIVE_STRATEGY='nccl' is not one of hb, sok"),
     ({"COLLECTIVE_KERNELS": "cuda"}, "COLLECTIVE_KERNELS='cuda' is not one of tf, cupy"),
+    ({"COLLECTIVE_KERNELS": "cupy"}, "COLLECTIVE_KERNELS='cupy': the exchanges do not run the CuPy kernels yet"),
     ({"HOROVOD_RANK": "x"}, "HOROVOD_RANK='x' is not an integer"),
     ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "2"}, "rank 3 does not fit world size 2"),
     ({"COLLECTIVE_REPLICATE_BELOW_BYTES": "-1"}, "must be >= 0"),

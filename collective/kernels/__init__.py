@@ -7,7 +7,7 @@ The references are importable everywhere::
 The CuPy versions, with the same signatures, live in
 :mod:`collective.kernels.cupy_ops` and need the ``gpu`` extra and a CUDA
 device; :func:`kernels_available` says whether this process can use them.
-Nothing here is wired into the exchanges yet.
+Nothing here is wired into the exchanges yet (docs/kernels.md).
 """
 
 from __future__ import annotations
