@@ -162,3 +162,20 @@ def test_bad_arguments_name_the_argument_and_choices():
         layer(tf.constant([[[9]]], tf.int64))
     embedding, others = sok.split_embedding_variable_from_others([tf.Variable(1.0)] + layer.trainable_variables)
     assert len(embedding) == 1 and len(others) == 1 and embedding[0] is layer.embedding_variable
+
+
+def test_hash_table_layer_checkpoint_round_trip(tmp_path):
+    """tf.train.Checkpoint keeps a hash-table layer's keys, rows and vectors: a new layer restores the lookups."""
+    import collective.sok as sok
+
+    keys = tf.constant([[[5, -9, 2 ** 62]]], tf.int64)
+    layer = sok.All2AllDenseEmbedding(8, 4, slot_num=1, nnz_per_slot=3, name="saved_table")
+    trained = layer(keys).numpy()
+    path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert {"layer/hash_keys/.ATTRIBUTES/VARIABLE_VALUE", "layer/hash_size/.ATTRIBUTES/VARIABLE_VALUE"} <= set(names)
+    fresh = sok.All2AllDenseEmbedding(8, 4, slot_num=1, nnz_per_slot=3, name="restored_table")
+    fresh(tf.constant([[[1, 3, 4]]], tf.int64))  # other keys first: restoring must replace them
+    tf.train.Checkpoint(layer=fresh).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(fresh(keys, training=False).numpy(), trained)
+    assert int(fresh.hash_size.numpy()) == 3

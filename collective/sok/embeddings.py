@@ -87,7 +87,8 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                                                              self.max_vocabulary_size_per_gpu, self.initializer,
                                                              dtype=self.dtype, key_dtype=self.key_dtype)
             self._trainable_weights.append(var)
-            self._non_trainable_weights.extend(hash_table.table_of(var).variables)
+            # As attributes, so Keras lists them as non-trainable weights and tf.train.Checkpoint saves them.
+            self.hash_keys, self.hash_rows, self.hash_size = hash_table.table_of(var).variables
         else:
             info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
                              world_size=ctx.world_size)
