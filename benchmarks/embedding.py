@@ -65,7 +65,7 @@ def build_embedding_step(batch_size: int, vocab_sizes: Optional[Sequence[int]] =
       strategy: a ``CollectiveStrategy`` whose ``scope()`` is active: tables are
         made in its ``embedding_scope()``; None builds plain TensorFlow.
       grouped: look all tables up in one grouped exchange
-        (``collective.embedding.grouped``) rather than one per table.
+        (``collective.embedding.lookup.lookup_sparse_group``) rather than one per table.
       learning_rate: Adagrad's.
     """
     vocab_sizes = list(vocab_sizes or criteo_cardinalities(0.001))
@@ -83,7 +83,7 @@ def build_embedding_step(batch_size: int, vocab_sizes: Optional[Sequence[int]] =
     shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0], tf.constant(1, tf.int64)])
     sp_ids = [tf.SparseTensor(indices, ids[:, i], shape) for i in range(features)]
     if grouped and strategy is not None:
-        from collective.embedding.grouped import lookup_sparse_group  # pylint: disable=import-outside-toplevel
+        from collective.embedding.lookup import lookup_sparse_group  # pylint: disable=import-outside-toplevel
 
         vectors = lookup_sparse_group(tables, sp_ids, combiners=["sum"] * features)
     else:

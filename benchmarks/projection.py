@@ -6,7 +6,7 @@ Partitioning (``id % N``) and deduplication are deterministic, so the bytes
 every worker sends in one step follow from the ids alone: this module
 splits real global batches the way :mod:`benchmarks.batches` does (worker
 ``r`` gets the ``r``-th block of ``b`` rows) and applies the byte model of
-:mod:`collective.comm` to what :mod:`collective.embedding.exchange` sends
+:mod:`collective.comm` to what :mod:`collective.embedding.exchanges` send
 for a lookup through an ``embedding_column`` (one id per sample and table):
 
 - ``hb`` (grouped: one id and one vector alltoall for all tables of one

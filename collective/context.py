@@ -12,7 +12,8 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
-BACKENDS = ("hb", "sok")
+from collective.embedding import exchanges
+
 KERNELS = ("tf", "cupy")
 
 # Rank variables, in the order they are looked for: ours (set by our
@@ -45,6 +46,14 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple, default: str) -> 
     return value
 
 
+def _backend(env: Mapping[str, str]) -> str:
+    value = env.get("COLLECTIVE_STRATEGY", "").strip() or "hb"
+    try:
+        return exchanges.check(value, described=f"COLLECTIVE_STRATEGY={env.get('COLLECTIVE_STRATEGY')!r}")
+    except exchanges.UnknownBackendError as err:
+        raise OptionError(f"{err}; or unset it") from None
+
+
 def _nonnegative_int(env: Mapping[str, str], name: str, default: int) -> int:
     value = _first_int(env, (name,), default)
     if value < 0:
@@ -61,7 +70,8 @@ class Context:
       world_size: number of worker processes in the job.
       local_rank: index among the workers on this host.
       local_size: number of workers on this host.
-      backend: embedding exchange, ``hb`` or ``sok`` (``COLLECTIVE_STRATEGY``).
+      backend: the default embedding exchange (``COLLECTIVE_STRATEGY``), a name registered in
+        :mod:`collective.embedding.exchanges`; ``CollectiveStrategy(backend=...)`` overrides it for its scope.
       kernels: implementation of the id kernels (``COLLECTIVE_KERNELS``): ``tf``; ``cupy`` is
         refused with an explanation until the exchanges are wired to the CuPy kernels.
       replicate_below_bytes: tables smaller than this stay replicated
@@ -123,7 +133,7 @@ class Context:
             world_size=world_size,
             local_rank=_first_int(env, _LOCAL_RANK_VARS, rank),
             local_size=_first_int(env, _LOCAL_SIZE_VARS, world_size),
-            backend=_choice(env, "COLLECTIVE_STRATEGY", BACKENDS, "hb"),
+            backend=_backend(env),
             kernels=kernels,
             replicate_below_bytes=_nonnegative_int(env, "COLLECTIVE_REPLICATE_BELOW_BYTES", 0),
             hb_comm_default=env.get("HB_COMM_DEFAULT", "NCCL"),

@@ -32,11 +32,10 @@ import tempfile
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
-from tensorflow.python.util import function_utils
-from tensorflow_estimator.python.estimator import estimator as estimator_lib
 
 from collective import checkpoint, comm, hooks as hooks_lib, session as session_lib, sync
 from collective.embedding import hash_table
+from collective.tf_internals import estimator_lib, function_utils, patches
 
 logger = logging.getLogger(__name__)
 ModeKeys = tf.estimator.ModeKeys
@@ -192,8 +191,7 @@ class CollectiveEstimator:
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
-        with self._strategy.scope(), _rank0_outputs(), \
-                _estimator_replaced(_verify_and_create_loss_metric=_loss_metric_weighted_by_data):
+        with self._strategy.scope(), _rank0_outputs(), patches.applied(_LOSS_METRIC_PATCH):
             yield
 
     def _input_fn(self, input_fn: Callable) -> Callable:
@@ -306,7 +304,7 @@ def _loss_metric_weighted_by_data(eval_metric_ops, loss, distribution=None):
     """Estimator's loss metric (a mean of batch losses), leaving out the empty batches of padded input."""
     flags = tf.compat.v1.get_collection(_EVAL_HAS_DATA)
     if not flags or distribution is not None:
-        return _ORIGINAL_LOSS_METRIC(eval_metric_ops, loss, distribution)
+        return patches.original(estimator_lib, "_verify_and_create_loss_metric")(eval_metric_ops, loss, distribution)
     if _LOSS_KEY in eval_metric_ops:
         raise ValueError(f'eval_metric_ops may not contain "{_LOSS_KEY}": Estimator defines that metric')
     eval_metric_ops[_LOSS_KEY] = tf.compat.v1.metrics.mean(loss, weights=tf.cast(flags[-1], loss.dtype))
@@ -315,20 +313,23 @@ def _loss_metric_weighted_by_data(eval_metric_ops, loss, distribution=None):
 
 _EVAL_HAS_DATA = "collective_eval_has_data"
 _LOSS_KEY = "loss"
-_ORIGINAL_LOSS_METRIC = estimator_lib._verify_and_create_loss_metric  # pylint: disable=protected-access
 
 
-@contextlib.contextmanager
-def _estimator_replaced(**functions) -> Iterator[None]:
-    """Replaces functions of tensorflow_estimator's estimator module for the duration of the block."""
-    saved = {name: getattr(estimator_lib, name) for name in functions}
-    for name, fn in functions.items():
-        setattr(estimator_lib, name, fn)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(estimator_lib, name, fn)
+def _write_nothing(*args, **kwargs) -> None:  # pylint: disable=unused-argument
+    """Estimator's summary writers on ranks other than 0."""
+
+
+_LOSS_METRIC_PATCH = patches.register(
+    estimator_lib, "_verify_and_create_loss_metric", _loss_metric_weighted_by_data,
+    "in every CollectiveEstimator call: the evaluation loss leaves out the empty batches of padded input",
+    on_demand=True)
+_NO_SUMMARY_PATCHES = (
+    patches.register(estimator_lib, "_write_dict_to_summary", _write_nothing,
+                     "on ranks other than 0, in CollectiveEstimator calls: no evaluation summaries", on_demand=True),
+    patches.register(estimator_lib, "_write_checkpoint_path_to_summary", _write_nothing,
+                     "on ranks other than 0, in CollectiveEstimator calls: no checkpoint-path summaries",
+                     on_demand=True),
+)
 
 
 @contextlib.contextmanager
@@ -340,9 +341,8 @@ def _rank0_outputs() -> Iterator[None]:
     tf_logger = logging.getLogger("tensorflow")
     level = tf_logger.level
     tf_logger.setLevel(max(level, logging.WARNING))
-    nothing = lambda *args, **kwargs: None  # noqa: E731
     try:
-        with _estimator_replaced(_write_dict_to_summary=nothing, _write_checkpoint_path_to_summary=nothing):
+        with patches.applied(*_NO_SUMMARY_PATCHES):
             yield
     finally:
         tf_logger.setLevel(level)

@@ -24,11 +24,10 @@ from typing import Callable, Dict, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.saved_model.model_utils import export_utils
-from tensorflow.python.util import compat, function_utils
 
-from collective import comm, modes, patches
+from collective import comm, modes
 from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
+from collective.tf_internals import compat, export_lib, export_utils, function_utils, patches
 
 logger = logging.getLogger("collective.export")
 
@@ -141,8 +140,6 @@ def export_estimator(model_fn: Callable, params, config, export_dir_base, servin
     with :func:`export_saved_model`. Returns the export directory on rank 0,
     None elsewhere.
     """
-    from tensorflow_estimator.python.estimator.export import export_lib  # pylint: disable=import-outside-toplevel
-
     def signature_def_fn():
         tf.compat.v1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()

@@ -9,7 +9,7 @@
     user_emb, item_emb = ge.group_embedding_lookup_sparse([user, item], [sp_user, sp_item], ["mean", "sum"])
 
 ``group_embedding_lookup_sparse`` looks up all its tables with one exchange
-per group (:func:`collective.embedding.grouped.lookup_sparse_group`): with
+per group (:func:`collective.embedding.lookup.lookup_sparse_group`): with
 the ``hb`` backend one id alltoall and one vector alltoall per embedding
 dimension, with ``sok`` one allgather and one reduce-scatter for all tables.
 """
@@ -22,8 +22,8 @@ from typing import Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 
-from collective import comm, patches
-from collective.embedding import grouped
+from collective import comm
+from collective.embedding.lookup import lookup_sparse_group
 from collective.strategy import CollectiveStrategy
 
 logger = logging.getLogger("collective.group_embedding")
@@ -55,7 +55,7 @@ def enable_distributed_strategy(strategy: str = "collective") -> CollectiveStrat
         comm.init()
         _enabled = CollectiveStrategy()
         _patches = contextlib.ExitStack()
-        _patches.enter_context(patches.patched())
+        _patches.enter_context(_enabled.scope())
     return _enabled
 
 
@@ -112,7 +112,7 @@ def group_embedding_lookup_sparse(params: Sequence, sp_ids: Sequence[tf.SparseTe
             raise ValueError(f"group_embedding_lookup_sparse: combiners[{i}]={combiner!r} is not one of "
                              f"{', '.join(COMBINERS)}")
     comm.init()
-    outputs = grouped.lookup_sparse_group(list(params), ids_list, weights_list, combiner_list, name=name)
+    outputs = lookup_sparse_group(list(params), ids_list, weights_list, combiner_list, name=name)
     return [_pad_to_batch(out, ids.dense_shape[0]) for out, ids in zip(outputs, ids_list)]
 
 

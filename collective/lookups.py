@@ -1,18 +1,18 @@
 """TensorFlow's embedding lookups, routed to the exchange when the table is sharded.
 
 These replace functions of ``tensorflow.python.ops.embedding_ops`` inside
-``CollectiveStrategy.scope()`` (see :mod:`collective.patches`); any other
+``CollectiveStrategy.scope()`` (see :mod:`collective.tf_internals.patches`); any other
 table goes to TensorFlow's own implementation unchanged.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.ops import embedding_ops
 
-from collective import context, patches
-from collective.embedding import coalescing, exchange, grouped
+from collective.embedding import coalescing
+from collective.embedding import lookup as sharded
 from collective.embedding.table import shard_of
+from collective.tf_internals import embedding_ops, patches
 
 
 def _sharded(params):
@@ -40,7 +40,7 @@ def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_
             params, ids, partition_strategy=partition_strategy, name=name,
             validate_indices=validate_indices, max_norm=max_norm)
     with tf.name_scope(name or "embedding_lookup"):
-        return _clip(exchange.lookup(table, info, ids, context.get().backend), max_norm)
+        return _clip(sharded.lookup(table, info, ids), max_norm)
 
 
 def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner, ignore_weights, max_norm,
@@ -56,6 +56,12 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
                          "vectors instead")
     weights = None if ignore_weights else sp_weights.values
     if coalescing.can_defer():
-        return coalescing.defer(grouped.Request(table, info, ids, segment_ids, weights, combiner or "mean"))
-    return exchange.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean",
-                                  context.get().backend)
+        return coalescing.defer(sharded.Request(table, info, ids, segment_ids, weights, combiner or "mean"))
+    return sharded.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean")
+
+
+patches.register(embedding_ops, "embedding_lookup", embedding_lookup,
+                 "lookups on sharded tables go through the exchange")
+patches.register(tf.compat.v1.nn, "embedding_lookup", embedding_lookup, "the same, under its public v1 name")
+patches.register(embedding_ops, "embedding_lookup_sparse_impl", embedding_lookup_sparse_impl,
+                 "combined lookups (embedding_lookup_sparse, the safe_ variant, feature columns) likewise")

@@ -1,6 +1,6 @@
 """``MonitoredTrainingSession`` and checkpoint hooks for synchronous workers.
 
-Inside ``CollectiveStrategy.scope()`` (see :mod:`collective.patches`):
+Inside ``CollectiveStrategy.scope()`` (see :mod:`collective.tf_internals.patches`):
 
 - ``tf.compat.v1.train.MonitoredTrainingSession`` is :func:`MonitoredTrainingSession`:
   every worker creates, initialises and restores its session as a chief
@@ -17,10 +17,10 @@ import logging
 from typing import List, Optional
 
 import tensorflow as tf
-from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util
 
-from collective import comm, patches
+from collective import comm
 from collective.checkpoint import Saver
+from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
 logger = logging.getLogger("collective.session")
 
@@ -178,3 +178,10 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                     log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
                     save_checkpoint_steps=None, summary_dir=summary_dir, save_graph_def=save_graph_def)
 
+
+_SESSION_WHY = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
+                "writes summaries")
+patches.register(monitored_session, "MonitoredTrainingSession", MonitoredTrainingSession, _SESSION_WHY)
+patches.register(tf.compat.v1.train, "MonitoredTrainingSession", MonitoredTrainingSession, _SESSION_WHY)
+patches.register(saver_lib, "_get_saver_or_default", default_saver,
+                 "a default Scaffold saves whole logical tables (collective.checkpoint.Saver)")

@@ -17,31 +17,31 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from collective import comm, context, modes, patches
-from collective.embedding.table import ShardInfo, rows_on, shard_initial_value, tag
+from collective import comm, context, modes
+# lookups, session, column_lookups and training register their patches when imported: patched() installs them.
+from collective import column_lookups, lookups, session  # noqa: F401  pylint: disable=unused-import
+from collective.embedding import exchanges
+from collective.embedding import lookup as embedding_lookup
+from collective.embedding.exchanges import UnknownBackendError
+from collective.embedding.table import ShardInfo, shard_initial_value, tag
+from collective.tf_internals import patches
 from collective.training import creating_shard
-
-
-class UnknownBackendError(ValueError):
-    """The requested exchange backend does not exist."""
 
 
 class CollectiveStrategy:
     """Synchronous hybrid parallelism: data-parallel dense layers, sharded embedding tables.
 
     Args:
-      backend: ``"hb"`` or ``"sok"``; default ``COLLECTIVE_STRATEGY``, else ``"hb"``.
+      backend: a registered exchange (``"hb"``, ``"sok"``, ``"replicated"``; see
+        :mod:`collective.embedding.exchanges`); default ``COLLECTIVE_STRATEGY``, else ``"hb"``.
+        The strategy owns it: lookups built inside its ``scope()`` use it, other
+        strategies in the same process keep theirs.
     """
 
     def __init__(self, backend: Optional[str] = None):
         ctx = context.get()
         if backend is not None:
-            choice = backend.strip().lower()
-            if choice not in context.BACKENDS:
-                raise UnknownBackendError(f"backend {backend!r} is not one of {', '.join(context.BACKENDS)}; "
-                                          "pass one of those or set COLLECTIVE_STRATEGY")
-            ctx = dataclasses.replace(ctx, backend=choice)
-            context.set(ctx)
+            ctx = dataclasses.replace(ctx, backend=exchanges.check(backend))
         self._context = ctx
 
     @property
@@ -60,7 +60,7 @@ class CollectiveStrategy:
     def scope(self) -> Iterator["CollectiveStrategy"]:
         """Data-parallel scope: build the whole model inside it. Leaving it restores TensorFlow."""
         comm.init()
-        with patches.patched():
+        with patches.patched(), embedding_lookup.using(self.backend):
             yield self
 
     @contextlib.contextmanager
@@ -71,6 +71,11 @@ class CollectiveStrategy:
           replicate_below_bytes: tables smaller than this stay replicated on
             every worker (default ``COLLECTIVE_REPLICATE_BELOW_BYTES``, 0).
             Tables with fewer rows than workers always stay replicated.
+
+        Under the ``replicated`` backend, and for tables under the threshold,
+        every worker holds the whole table (served by the ``replicated``
+        exchange); tables with fewer rows than workers, and everything made
+        while exporting, are ordinary variables.
         """
         threshold = self._context.replicate_below_bytes if replicate_below_bytes is None else replicate_below_bytes
         getter = _sharding_getter(self._context, threshold)
@@ -132,9 +137,18 @@ def _inside_getter() -> Iterator[None]:
         _getter_state.active = previous
 
 
-def _replicated(ctx: context.Context, static: tf.TensorShape, dtype: tf.DType, replicate_below_bytes: int) -> bool:
-    return (modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size
-            or static.num_elements() * dtype.size < replicate_below_bytes)
+def _table_info(ctx: context.Context, name: str, static: tf.TensorShape, dtype: tf.DType,
+                replicate_below_bytes: int) -> Optional[ShardInfo]:
+    """How a variable of shape ``static`` made in ``embedding_scope()`` is held; None for an ordinary variable.
+
+    Whole on every worker (the ``replicated`` layout) under the ``replicated``
+    backend and below ``replicate_below_bytes``; sharded by rows otherwise.
+    """
+    if modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size:
+        return None
+    replicated = ctx.backend == "replicated" or static.num_elements() * dtype.size < replicate_below_bytes
+    return ShardInfo(name=name, vocab=int(static[0]), dim=int(static[1]), rank=ctx.rank, world_size=ctx.world_size,
+                     replicated=replicated)
 
 
 def _sharding_creator(ctx: context.Context, replicate_below_bytes: int):
@@ -148,14 +162,13 @@ def _sharding_creator(ctx: context.Context, replicate_below_bytes: int):
         dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32).base_dtype
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
         if (getattr(_getter_state, "active", False) or kwargs.get("trainable") is False
-                or initial_value is None or kwargs.get("variable_def") is not None
-                or _replicated(ctx, static, dtype, replicate_below_bytes)):
+                or initial_value is None or kwargs.get("variable_def") is not None):
             return next_creator(**kwargs)
-        vocab, dim = int(static[0]), int(static[1])
-        info = ShardInfo(name=kwargs.get("name") or "embedding", vocab=vocab, dim=dim, rank=ctx.rank,
-                         world_size=ctx.world_size)
+        info = _table_info(ctx, kwargs.get("name") or "embedding", static, dtype, replicate_below_bytes)
+        if info is None:
+            return next_creator(**kwargs)
         local_value = _local_initial_value(initial_value, info, dtype)
-        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, dim]),
+        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, info.dim]),
                       dtype=dtype)
         with creating_shard(info):
             var = next_creator(**kwargs)
@@ -173,7 +186,7 @@ def _local_initial_value(initial_value, info: ShardInfo, dtype: tf.DType):
 
     def rows_of_full_value():
         full = initial_value() if callable(initial_value) else initial_value
-        return tf.convert_to_tensor(full, dtype=dtype)[info.rank::info.world_size]
+        return info.layout.local_part(tf.convert_to_tensor(full, dtype=dtype))
 
     return rows_of_full_value
 
@@ -186,11 +199,10 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
     def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
         dtype = tf.as_dtype(dtype or tf.float32)
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
-        if _replicated(ctx, static, dtype, replicate_below_bytes):
+        info = _table_info(ctx, name, static, dtype, replicate_below_bytes)
+        if info is None:
             return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
                                **kwargs)
-        vocab, dim = int(static[0]), int(static[1])
-        info = ShardInfo(name=name, vocab=vocab, dim=dim, rank=ctx.rank, world_size=ctx.world_size)
         logical_init = initializer if initializer is not None else tf.compat.v1.glorot_uniform_initializer()
 
         def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
@@ -198,7 +210,7 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
 
         kwargs["use_resource"] = True
         with creating_shard(info):
-            var = getter(name, shape=[rows_on(vocab, ctx.rank, ctx.world_size), dim], dtype=dtype,
+            var = getter(name, shape=[info.local_rows, info.dim], dtype=dtype,
                               initializer=local_initializer, partitioner=None, **kwargs)
         return tag(var, info)
 

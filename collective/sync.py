@@ -23,9 +23,9 @@ import dataclasses
 from typing import Any, Mapping
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
 from collective import comm
+from collective.tf_internals import nest
 
 HAS_DATA_KEY = "__collective_has_data__"
 ROWS_KEY = "__collective_rows__"

@@ -19,11 +19,10 @@ import threading
 from typing import Iterator, Optional
 
 import tensorflow as tf
-from tensorflow.python.ops import variable_v1, variables
-from tensorflow.python.training import optimizer as optimizer_lib
 
-from collective import comm, patches
+from collective import comm
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, shard_of, tag
+from collective.tf_internals import optimizer_lib, patches, variable_v1, variables
 
 _local = threading.local()
 
@@ -66,7 +65,10 @@ def _create(original, next_creator, kwargs):
     slot_of = None if shard is not None else _shard_owner(name)
     collections = kwargs.get("collections") or []
     local = tf.compat.v1.GraphKeys.LOCAL_VARIABLES in collections
-    if (shard is None and slot_of is None and not local and comm.world_size() > 1
+    # Replicated variables start as rank 0's values; so do replicated-layout tables (an unseeded
+    # initializer would give each worker its own), while a sharded table's rows differ by design.
+    replicated = slot_of is None and (shard is None or shard.replicated)
+    if (replicated and not local and comm.world_size() > 1
             and kwargs.get("initial_value") is not None and kwargs.get("variable_def") is None):
         dtype = kwargs.get("dtype")
         kwargs = dict(kwargs, initial_value=_broadcast_initial_value(kwargs["initial_value"], dtype))
@@ -137,3 +139,10 @@ def averaging_apply_gradients(self, grads_and_vars, global_step=None, name=None)
     if getattr(_local, "averaged", False):
         return apply(self, grads_and_vars, global_step=global_step, name=name)
     return apply(self, average_gradients(grads_and_vars), global_step=global_step, name=name)
+
+
+patches.register(variable_v1, "default_variable_creator", broadcasting_creator_v1,
+                 "dense variables start as rank 0's values")
+patches.register(variables, "default_variable_creator_v2", broadcasting_creator_v2, "the same for tf.Variable")
+patches.register(optimizer_lib.Optimizer, "apply_gradients", averaging_apply_gradients,
+                 "dense gradients averaged over workers, sharded gradients scaled for a global mean")

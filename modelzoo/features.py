@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.embedding.grouped import lookup_sparse_group
+from collective.embedding.lookup import lookup_sparse_group
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: i
                     sharded: bool = True) -> tf.Tensor:
     """``[batch, len(names), dim]``: one table ``scope/<feature>`` of ``[vocab, dim]`` per categorical
     feature (all of the spec's, or ``names``, in that order), looked up together: sharded tables
-    share one exchange (:func:`collective.embedding.grouped.lookup_sparse_group`).
+    share one exchange (:func:`collective.embedding.lookup.lookup_sparse_group`).
 
     The tables are made under ``embedding_scope()`` (sharded across workers), or are plain TensorFlow
     variables when not ``sharded`` (the baseline). Each table has its own initialiser seed, so the same

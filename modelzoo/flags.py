@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Mapping, Optional, Sequence
 
-from collective import context
+from collective.embedding import exchanges
 from modelzoo.engine import ENGINES
 from modelzoo.heads import OPTIMIZERS
 
@@ -31,7 +31,7 @@ def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argpa
     """The shared flags; ``defaults`` holds the model's own (``batch_size``, ``steps``, ``learning_rate``,
     ``optimizer``, ``shuffle_buffer``, ``model_dir``)."""
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Formatter)
-    p.add_argument("--backend", choices=context.BACKENDS,
+    p.add_argument("--backend", choices=exchanges.names(),
                    default=os.environ.get("COLLECTIVE_STRATEGY", "hb").strip().lower() or "hb",
                    help="embedding exchange (default from COLLECTIVE_STRATEGY, else hb)")
     p.add_argument("--data", default=None,

@@ -34,3 +34,8 @@ def load_rank_results(out_dir: pathlib.Path, n: int) -> List[Dict[str, np.ndarra
         with np.load(out_dir / f"rank{r}.npz") as data:
             results.append({k: data[k] for k in data.files})
     return results
+
+
+def held(full: np.ndarray, backend: str, r: int, n: int) -> np.ndarray:
+    """The rows of the logical table ``full`` that rank ``r`` of ``n`` holds under ``backend``."""
+    return full if backend == "replicated" else full[r::n]

@@ -1,17 +1,29 @@
-"""Sharded tables under CollectiveStrategy on 1, 2 and 3 workers, both backends.
+"""Sharded tables under CollectiveStrategy on 1, 2 and 3 workers, every backend.
 
 Lookups are compared with numpy on the full logical table; training with the
 same model in plain single-process TensorFlow on the whole global batch.
 """
 
+import functools
+import pathlib
+import tempfile
+
 import numpy as np
 import pytest
 
-from launcher import load_rank_results, run_workers
+from launcher import held, load_rank_results, run_workers
 from workers import embedding_cases as cases
 
-BACKENDS = ["hb", "sok"]
+BACKENDS = ["hb", "sok", "replicated"]
 WORKERS = [1, 2, 3]
+
+
+@functools.lru_cache(maxsize=None)
+def results_for(n):
+    """One launch on ``n`` workers runs every backend: {backend: per-rank results}."""
+    with tempfile.TemporaryDirectory(prefix=f"emb-{n}-") as out:
+        run_workers("embedding_worker.py", n, [out, ",".join(BACKENDS), *cases.OPTIMIZERS])
+        return {b: load_rank_results(pathlib.Path(out) / b, n) for b in BACKENDS}
 
 
 def combine(table, rows, ids, weights, batch, combiner):
@@ -29,11 +41,9 @@ def combine(table, rows, ids, weights, batch, combiner):
 
 @pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in WORKERS],
                 ids=lambda p: f"{p[0]}-{p[1]}workers")
-def sharded_run(request, tmp_path_factory):
+def sharded_run(request):
     backend, n = request.param
-    out = tmp_path_factory.mktemp(f"emb-{backend}-{n}")
-    run_workers("embedding_worker.py", n, [out, backend, *cases.OPTIMIZERS])
-    return backend, n, load_rank_results(out, n)
+    return backend, n, results_for(n)[backend]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +53,10 @@ def reference_training():
 
 
 def test_each_worker_holds_its_rows_only(sharded_run):
-    _, n, res = sharded_run
+    backend, n, res = sharded_run
     full = cases.table_values(1)
     for r in range(n):
-        np.testing.assert_array_equal(res[r]["table_shard"], full[r::n])
+        np.testing.assert_array_equal(res[r]["table_shard"], held(full, backend, r, n))
 
 
 def test_dense_lookups_equal_numpy(sharded_run):
@@ -84,13 +94,13 @@ def test_safe_lookup_and_feature_column_equal_numpy(sharded_run):
 
 @pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
 def test_training_matches_one_process_on_the_global_batch(sharded_run, reference_training, optimizer):
-    _, n, res = sharded_run
+    backend, n, res = sharded_run
     losses, (t1, t2), (w, b) = reference_training[optimizer]
     worker_losses = np.mean([res[r][f"{optimizer}_losses"] for r in range(n)], axis=0)
     np.testing.assert_allclose(worker_losses, losses, rtol=1e-5)
     for r in range(n):
-        np.testing.assert_allclose(res[r][f"{optimizer}_t1"], t1[r::n], rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(res[r][f"{optimizer}_t2"], t2[r::n], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_t1"], held(t1, backend, r, n), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_t2"], held(t2, backend, r, n), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r][f"{optimizer}_w"], w, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r][f"{optimizer}_b"], b, rtol=1e-4, atol=1e-6)
     # Training moved the tables: parity is not two untouched copies.

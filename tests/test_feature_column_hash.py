@@ -1,4 +1,4 @@
-"""``collective.feature_column.categorical_column_with_embedding`` through ``input_layer``:
+"""``collective.hash_embedding_column.categorical_column_with_embedding`` through ``input_layer``:
 sharded on 1, 2 and 3 workers with both backends, trained, and in export mode."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from collective import CollectiveStrategy, modes
-from collective import feature_column as cfc
+from collective import hash_embedding_column as cfc
 from collective.embedding import hash_table, key_init
 from workers import hash_cases as cases
 

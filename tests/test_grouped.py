@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from test_embedding import combine
+from launcher import held
 from workers import grouped_cases as cases
 from workers.grouped_runs import grouped_results
 
-BACKENDS = ["hb", "sok"]
+BACKENDS = ["hb", "sok", "replicated"]
 WORKERS = [1, 2, 3]
 
 
@@ -29,7 +30,7 @@ def reference_training():
 
 
 def test_grouped_lookups_equal_numpy_and_the_per_table_path(grouped_run):
-    _, n, res = grouped_run
+    backend, n, res = grouped_run
     for r in range(n):
         features, _ = cases.local_batch(0, r, n)
         for i, ((rows, ids, weights), (_, vocab, dim, combiner, weighted)) in enumerate(zip(features, cases.TABLES)):
@@ -38,7 +39,7 @@ def test_grouped_lookups_equal_numpy_and_the_per_table_path(grouped_run):
             expected = combine(full, rows, ids, w, cases.BATCH // n, combiner)
             np.testing.assert_allclose(res[r][f"grouped_{i}"], expected, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(res[r][f"ungrouped_{i}"], expected, rtol=1e-5, atol=1e-6)
-            np.testing.assert_array_equal(res[r][f"grouped_shard_{i}"], full[r::n])
+            np.testing.assert_array_equal(res[r][f"grouped_shard_{i}"], held(full, backend, r, n))
 
 
 def test_pad_to_batch_gives_every_sample_a_row(grouped_run):
@@ -66,20 +67,26 @@ def test_one_exchange_per_group(grouped_run):
             # Two dimension groups (4 and 3): an id and a vector alltoall each; per table it would be 2 * 4.
             assert ops == {"HorovodAlltoall": 4}, ops
             assert ungrouped == {"HorovodAlltoall": 8}, ungrouped
+        elif backend == "replicated":
+            # Per dimension group the sizes and the ids are allgathered; per table it would be 2 * 4.
+            # Each of the 4 tables starts as rank 0's value: one broadcast each.
+            assert ops == {"HorovodAllgather": 4, "HorovodBroadcast": 4}, ops
+            assert ungrouped == {"HorovodAllgather": 8, "HorovodBroadcast": 4}, ungrouped
         else:
             # Batch sizes, then (id, sample, table, weight) for every table; one reduce-scatter for all dims.
+            # One table alone is a group of one: the same two allgathers and one reduce-scatter.
             assert ops == {"HorovodAllgather": 2, "HorovodReducescatter": 1}, ops
-            assert ungrouped == {"HorovodAllgather": 3 * 4, "HorovodReducescatter": 4}, ungrouped
+            assert ungrouped == {"HorovodAllgather": 2 * 4, "HorovodReducescatter": 4}, ungrouped
         if n > 1:
             assert res[r]["grouped_bytes"] > 0
 
 
 def test_training_through_a_grouped_lookup_matches_one_process(grouped_run, reference_training):
-    _, n, res = grouped_run
+    backend, n, res = grouped_run
     losses, tables, w = reference_training
     np.testing.assert_allclose(np.mean([res[r]["train_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
     for r in range(n):
         for i, table in enumerate(tables):
-            np.testing.assert_allclose(res[r][f"train_table_{i}"], table[r::n], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(res[r][f"train_table_{i}"], held(table, backend, r, n), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r]["train_w"], w, rtol=1e-4, atol=1e-6)
     assert not np.allclose(tables[0], cases.table_values(0, *tables[0].shape))

@@ -92,7 +92,7 @@ def test_estimator_modes_pick_the_lookup_mode():
 def test_export_form_serves_keys_through_the_exchange():
     """Export mode: a [rows, dim] variable + key -> row lookup table; unseen keys read zeros, nothing inserted."""
     from collective import modes  # pylint: disable=import-outside-toplevel
-    from collective.embedding import exchange  # pylint: disable=import-outside-toplevel
+    from collective.embedding import lookup as sharded  # pylint: disable=import-outside-toplevel
     from collective.embedding.table import shard_of  # pylint: disable=import-outside-toplevel
 
     values = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -102,9 +102,9 @@ def test_export_form_serves_keys_through_the_exchange():
         [(name, index)] = tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)
         assert name == "sok/items" and var.shape.as_list() == [2, 4]
         keys = tf.constant([[cases.INT64_MIN, 7], [3, cases.INT64_MIN]], tf.int64)
-        dense = exchange.lookup(var, shard_of(var), keys, "sok")
-        pooled = exchange.lookup_sparse(var, shard_of(var), tf.constant([7, 3, 3], tf.int64), tf.constant([0, 0, 1]),
-                                        None, "mean", "sok")
+        dense = sharded.lookup(var, shard_of(var), keys, "sok")
+        pooled = sharded.lookup_sparse(var, shard_of(var), tf.constant([7, 3, 3], tf.int64), tf.constant([0, 0, 1]),
+                                       None, "mean", "sok")
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run([index.insert(tf.constant([cases.INT64_MIN, 7], tf.int64), tf.constant([0, 1], tf.int64)),

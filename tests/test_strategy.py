@@ -51,7 +51,8 @@ def test_scope_restores_tensorflow_exactly():
     from tensorflow.python.ops import embedding_ops, variable_v1, variables
     from tensorflow.python.training import optimizer
 
-    from collective import CollectiveStrategy, patches
+    from collective import CollectiveStrategy
+    from collective.tf_internals import patches
 
     watched = [(embedding_ops, "embedding_lookup"), (embedding_ops, "embedding_lookup_sparse_impl"),
                (tf.compat.v1.nn, "embedding_lookup"), (variable_v1, "default_variable_creator"),

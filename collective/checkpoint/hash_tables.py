@@ -19,12 +19,13 @@ from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import io_ops
 
 from collective import comm
 from collective.checkpoint import layout
 from collective.checkpoint.model_dir import checkpoint_key
+from collective.embedding.layout import ShardLayout
 from collective.embedding.table import shard_of
+from collective.tf_internals import io_ops
 
 
 def keys_key(name: str) -> str:
@@ -99,7 +100,7 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
         layout.slice_spec([total, int(v.shape[1])], lo, hi - lo) for v in variables]
     stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
     keys = tf.reshape(stored[0], [-1])
-    mine = tf.equal(tf.math.floormod(keys, world_size), rank)
+    mine = ShardLayout(rank, world_size).owns(keys)
     # The index orders inserts built in one graph after each other; the restore must not wait for the
     # training lookup's insert (it would need the model's inputs), so it is built outside that chain.
     last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access

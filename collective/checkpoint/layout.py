@@ -1,13 +1,13 @@
 """How a sharded table's rows move between its in-memory and on-disk layouts.
 
-In memory worker ``r`` of ``N`` holds rows ``i % N == r`` (local row
-``i // N``). On disk a table is one ``[vocab, dim]`` tensor stored as ``N``
+In memory each worker holds the rows its table's
+:class:`~collective.embedding.layout.ShardLayout` gives it. On disk a table is one ``[vocab, dim]`` tensor stored as ``N``
 contiguous row blocks, block ``s`` written by worker ``s`` as a slice: rows
 ``[vocab * s // N, vocab * (s + 1) // N)``. Saving re-lays the rows with one
 alltoall (each worker then holds only its block); restoring under ``M``
-workers reads the stored blocks one at a time and keeps rows
-``i % M == rank``, so no worker ever holds more than its own shard plus one
-stored block.
+workers reads the stored blocks one at a time and keeps the rows its
+layout under ``M`` holds, so no worker ever holds more than its own shard
+plus one stored block.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import List
 
 import tensorflow as tf
-from tensorflow.python.ops import io_ops
 
 from collective import comm
+from collective.embedding.layout import ShardLayout
 from collective.embedding.table import ShardInfo
+from collective.tf_internals import io_ops
 
 
 def block_bounds(rows: int, world_size: int) -> List[int]:
@@ -36,31 +37,34 @@ def slice_spec(shape, start, length) -> tf.Tensor:
 
 
 def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
-    """This worker's contiguous on-disk block, gathered from every worker's mod-sharded rows.
+    """This worker's contiguous on-disk block, gathered from every worker's rows.
 
-    ``local`` is this worker's shard ``[rows_on(vocab, rank, N), dim]``; the
-    result is rows ``block_bounds(vocab, N)[rank:rank + 2]`` of the logical
-    table. One alltoall: the rows a worker holds are sorted by id, so they
-    are already grouped by destination block.
+    ``local`` is this worker's shard (``info.local_rows`` rows); the result is
+    rows ``block_bounds(vocab, N)[rank:rank + 2]`` of the logical table. A
+    replicated table slices its own copy. A sharded one needs one alltoall:
+    the rows a worker holds are sorted by id, so they are already grouped by
+    destination block.
     """
     n, r = info.world_size, info.rank
     local = tf.convert_to_tensor(local)
     if n == 1:
         return tf.identity(local)
     bounds = block_bounds(info.vocab, n)
-    ids = tf.range(tf.shape(local, out_type=tf.int64)[0], dtype=tf.int64) * n + r
+    if not info.layout.sharded:
+        return local[bounds[r]:bounds[r + 1]]
+    ids = info.layout.global_row(tf.range(tf.shape(local, out_type=tf.int64)[0], dtype=tf.int64))
     owner = tf.searchsorted(tf.constant(bounds[1:], tf.int64), ids, side="right", out_type=tf.int32)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
     received, _ = comm.alltoall(local, splits)
-    # Rows arrive grouped by sender (id % n), ascending within a sender.
+    # Rows arrive grouped by sender (their owner), ascending within a sender.
     block_ids = tf.range(bounds[r], bounds[r + 1], dtype=tf.int64)
-    arrival = tf.argsort(block_ids % n, stable=True)
+    arrival = tf.argsort(info.layout.owner(block_ids), stable=True)
     return tf.gather(received, tf.math.invert_permutation(arrival))
 
 
 def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape, dtype: tf.DType,
-                 rank: int, world_size: int) -> tf.Tensor:
-    """Rows ``i % world_size == rank`` of the stored tensor ``key``, read one stored block at a time.
+                 layout: ShardLayout) -> tf.Tensor:
+    """The rows ``layout`` holds of the stored tensor ``key``, read one stored block at a time.
 
     ``row_splits`` (int64 ``[blocks + 1]``) are the bounds of the blocks as
     stored; ``full_shape`` the stored tensor's shape (its first entry may be
@@ -75,9 +79,7 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
         lo, hi = row_splits[b], row_splits[b + 1]
         spec = slice_spec(full_shape, lo, hi - lo)
         values = io_ops.restore_v2(prefix, [key], tf.reshape(spec, [1]), [dtype])[0]
-        first = tf.math.floormod(rank - lo, world_size)
-        take = tf.range(first, hi - lo, world_size, dtype=tf.int64)
-        return b + 1, parts.write(b, tf.gather(values, take))
+        return b + 1, parts.write(b, tf.gather(values, layout.held_in_block(lo, hi)))
 
     parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=row_shape)
     _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts],

@@ -13,11 +13,10 @@ import uuid
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.ops import variables as variables_lib
-from tensorflow.python.training.saving import saveable_object_util
 
 from collective.embedding.hash_table import HASH_INDEX_STATE_COLLECTION
 from collective.embedding.table import shard_of
+from collective.tf_internals import all_saveable_objects, saveable_object_util
 
 Shape = Tuple[Optional[int], ...]
 
@@ -59,7 +58,7 @@ def model_shapes(sharded: Iterable, saveables: Iterable) -> Dict[str, Shape]:
 def split_var_list(var_list=None):
     """``(sharded variables, saveables of everything else)`` for ``var_list`` (default: all saveables)."""
     if var_list is None:
-        var_list = variables_lib._all_saveable_objects()  # pylint: disable=protected-access
+        var_list = all_saveable_objects()
     if isinstance(var_list, Mapping):
         items = list(var_list.items())
     else:
@@ -135,7 +134,7 @@ def check_model_dir(model_dir: str, var_list=None) -> Optional[str]:
     if latest is None:
         return None
     if var_list is None and not tf.executing_eagerly():
-        var_list = variables_lib._all_saveable_objects()  # pylint: disable=protected-access
+        var_list = all_saveable_objects()
     if var_list:
         sharded, saveables = split_var_list(var_list)
         check_shapes(model_shapes(sharded, saveables), latest)

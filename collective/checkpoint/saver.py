@@ -31,16 +31,12 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saver_pb2
-from tensorflow.python.checkpoint import checkpoint_management
-from tensorflow.python.ops import io_ops
-from tensorflow.python.training import saver as saver_lib
-from tensorflow.python.training import training_util
-from tensorflow.python.util import compat
 
 from collective import comm
 from collective.checkpoint import hash_tables, layout
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, split_var_list
 from collective.embedding.table import shard_of
+from collective.tf_internals import checkpoint_management, compat, io_ops, saver_lib, training_util
 
 logger = logging.getLogger("collective.checkpoint")
 
@@ -166,7 +162,7 @@ class Saver(saver_lib.Saver):
             self._row_splits[key] = splits
             with tf.control_dependencies(ops[-1:]):
                 rows = layout.restore_rows(self._restore_prefix, key, splits, [info.vocab, info.dim],
-                                           var.dtype.base_dtype, info.rank, info.world_size)
+                                           var.dtype.base_dtype, info.layout)
                 ops.append(var.assign(rows, read_value=False))
         if saveables:
             ops.append(saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access

@@ -3,7 +3,7 @@
 ``input_layer`` and Keras ``DenseFeatures`` look up each embedding column in
 turn. Inside :func:`coalescing` a combined lookup of a sharded table does not
 exchange at once: it records its request and returns a stand-in tensor. When
-the block ends, one grouped exchange (:func:`collective.embedding.grouped.combine_group`)
+the block ends, one grouped exchange (:func:`collective.embedding.lookup.run`)
 serves every recorded request and each stand-in's consumers are rewired to
 the real vectors. TensorFlow's own code does everything else (pruning
 invalid ids, empty rows, weights, reshapes), so the results are the
@@ -18,14 +18,14 @@ import threading
 from typing import Iterator, List, Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.framework import func_graph
 
-from collective.embedding import grouped
+from collective.embedding.lookup import Request, run
+from collective.tf_internals import func_graph
 
 _state = threading.local()
 
 
-def _pending() -> Optional[List[Tuple[tf.Tensor, grouped.Request]]]:
+def _pending() -> Optional[List[Tuple[tf.Tensor, Request]]]:
     return getattr(_state, "pending", None)
 
 
@@ -38,7 +38,7 @@ def can_defer() -> bool:
     return not isinstance(graph, func_graph.FuncGraph) and graph._get_control_flow_context() is None  # pylint: disable=protected-access
 
 
-def defer(request: grouped.Request) -> tf.Tensor:
+def defer(request: Request) -> tf.Tensor:
     """Records ``request`` and returns the stand-in for its combined vectors."""
     stand_in = tf.compat.v1.placeholder(request.table.dtype.base_dtype, [None, request.info.dim],
                                         name="pending_sharded_lookup")
@@ -62,9 +62,9 @@ def coalescing() -> Iterator[None]:
         _resolve(pending)
 
 
-def _resolve(pending: List[Tuple[tf.Tensor, grouped.Request]]) -> None:
+def _resolve(pending: List[Tuple[tf.Tensor, Request]]) -> None:
     with tf.name_scope("grouped_sharded_lookup"):
-        results = grouped.combine_group([request for _, request in pending])
+        results = run([request for _, request in pending])
     for (stand_in, _), result in zip(pending, results):
         result.set_shape(stand_in.shape)
         for consumer in stand_in.consumers():

@@ -381,7 +381,7 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     """
     if tf.as_dtype(key_dtype) not in (tf.int64, tf.int32):
         raise TypeError(f"hash table '{name}': key_dtype must be tf.int64 or tf.int32, got {key_dtype!r}; "
-                        "hash string keys to int64 first (collective.feature_column does)")
+                        "hash string keys to int64 first (collective.hash_embedding_column does)")
     if int(capacity_per_worker) < 1:
         raise ValueError(f"hash table '{name}': capacity_per_worker must be >= 1, got {capacity_per_worker!r}")
     if modes.is_exporting():

@@ -1,9 +1,9 @@
 """Sharded tables: which rows a worker holds and how they are initialised.
 
-A sharded table is one logical ``[vocab, dim]`` table; worker ``r`` of ``N``
-holds rows ``i`` with ``i % N == r`` as a local variable of
-``rows_on(vocab, r, N)`` rows, local row ``i // N``. The local variable is an
-ordinary resource variable tagged with a :class:`ShardInfo`.
+A sharded table is one logical ``[vocab, dim]`` table; each worker holds the
+rows its :class:`~collective.embedding.layout.ShardLayout` gives it as a
+local variable, an ordinary resource variable tagged with a
+:class:`ShardInfo`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
+
+from collective.embedding.layout import ShardLayout
 
 SHARDED_COLLECTION = "collective_sharded_tables"
 # Rows generated per step when a random initialiser fills a shard: the
@@ -34,21 +36,22 @@ class ShardInfo:
     # (``collective.embedding.hash_table``). ``vocab`` is then the capacity
     # summed over workers and local rows are the index's capacity.
     hash_index: Any = None
+    # Every worker holds the whole table (the ``replicated`` exchange).
+    replicated: bool = False
+
+    @property
+    def layout(self) -> ShardLayout:
+        return ShardLayout(self.rank, self.world_size, self.replicated)
 
     @property
     def local_rows(self) -> int:
         if self.hash_index is not None:
             return int(self.hash_index.capacity)
-        return rows_on(self.vocab, self.rank, self.world_size)
+        return self.layout.rows_held(self.vocab)
 
     @property
     def logical_shape(self):
         return (self.vocab, self.dim)
-
-
-def rows_on(vocab: int, rank: int, world_size: int) -> int:
-    """How many of rows ``0..vocab-1`` satisfy ``row % world_size == rank``."""
-    return max(0, (vocab - rank + world_size - 1) // world_size)
 
 
 def shard_of(var: Any) -> Optional[ShardInfo]:
@@ -73,7 +76,7 @@ def _constant_value(initializer: Any) -> Optional[np.ndarray]:
 
 def _call_initializer(initializer: Callable, shape, dtype, full_shape) -> tf.Tensor:
     try:
-        from tensorflow.python.ops.variable_scope import _PartitionInfo  # pylint: disable=import-outside-toplevel
+        from collective.tf_internals import PartitionInfo as _PartitionInfo  # pylint: disable=import-outside-toplevel
 
         # TF1 variance-scaling initialisers take their scale from the full shape.
         return initializer(shape, dtype=dtype, partition_info=_PartitionInfo(list(full_shape), [0, 0]))
@@ -82,15 +85,15 @@ def _call_initializer(initializer: Callable, shape, dtype, full_shape) -> tf.Ten
 
 
 def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType) -> tf.Tensor:
-    """The initial value of ``info``'s shard: rows ``rank::world_size`` of the logical table."""
+    """The initial value of ``info``'s shard: its layout's rows of the logical table."""
     dtype = tf.as_dtype(dtype)
     constant = _constant_value(initializer)
     if constant is not None:
         if constant.shape == tuple(info.logical_shape):
-            return tf.constant(constant[info.rank::info.world_size], dtype=dtype)
+            return tf.constant(info.layout.local_part(constant), dtype=dtype)
         if constant.ndim == 0:
             return tf.fill([info.local_rows, info.dim], tf.constant(constant, dtype))
-    if info.world_size == 1:
+    if not info.layout.sharded:
         return tf.convert_to_tensor(_call_initializer(initializer, [info.vocab, info.dim], dtype,
                                                       info.logical_shape), dtype)
     block = min(INIT_BLOCK_ROWS, info.vocab)
@@ -100,7 +103,7 @@ def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType)
         values = tf.convert_to_tensor(_call_initializer(initializer, [block, info.dim], dtype, info.logical_shape),
                                       dtype)
         rows = tf.cast(b, tf.int64) * block + tf.range(block, dtype=tf.int64)
-        keep = tf.logical_and(tf.equal(rows % info.world_size, info.rank), rows < info.vocab)
+        keep = tf.logical_and(info.layout.owns(rows), rows < info.vocab)
         return b + 1, parts.write(b, tf.boolean_mask(values, keep))
 
     parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=tf.TensorShape([None, info.dim]))

@@ -16,10 +16,10 @@ import logging
 from typing import List, Optional
 
 import tensorflow as tf
-from tensorflow.python.training import optimizer as optimizer_lib
 
-from collective import comm, context, patches, training
+from collective import comm, context, training
 from collective.embedding.table import shard_of
+from collective.tf_internals import optimizer_lib, patches
 
 logger = logging.getLogger("collective.hb")
 

@@ -3,7 +3,7 @@
 Each layer owns one logical table of ``max_vocabulary_size_per_gpu *
 world_size`` rows; worker ``r`` holds the rows ``key % world_size == r`` as
 its embedding variable of ``max_vocabulary_size_per_gpu`` rows. Lookups go
-through :mod:`collective.embedding.exchange`:
+through :mod:`collective.embedding.lookup` and the ``sok`` exchange:
 
 - ``DistributedEmbedding`` (SOK's combiner lookup): allgather of keys,
   local gather and per-sample combine, reduce-scatter (the ``sok``
@@ -27,7 +27,7 @@ from typing import Optional
 import tensorflow as tf
 
 from collective import comm, context
-from collective.embedding import exchange
+from collective.embedding import lookup as sharded
 from collective.embedding.table import ShardInfo, shard_initial_value, tag
 from collective.sok.init import refuse_tf_distribute
 
@@ -158,8 +158,8 @@ class DistributedEmbedding(_ShardedEmbedding):
         keys = self._keys(inputs.values)
         segments = inputs.indices[:, 0]
         with self._lookup_mode(training):
-            combined = exchange.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
-                                              self.combiner, "sok")
+            combined = sharded.lookup_sparse(self.embedding_variable, self.shard, keys, segments, None,
+                                             self.combiner, "sok")
         rows = tf.cast(inputs.dense_shape[0], tf.int32)
         missing = rows - tf.shape(combined)[0]
         combined = tf.concat([combined, tf.zeros([missing, self.embedding_vec_size], combined.dtype)], axis=0)
@@ -188,7 +188,7 @@ class All2AllDenseEmbedding(_ShardedEmbedding):
         self._check_call()
         keys = self._keys(tf.convert_to_tensor(inputs))
         with self._lookup_mode(training):
-            vectors = exchange.lookup(self.embedding_variable, self.shard, keys, "sok")
+            vectors = sharded.lookup(self.embedding_variable, self.shard, keys, "sok")
         if self.dynamic_input:
             return vectors
         return tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])

@@ -1,6 +1,7 @@
 """Sharded lookups and training under CollectiveStrategy; writes rank<r>.npz.
 
-argv: out_dir backend [optimizer ...]
+argv: out_dir backend[,backend...] [optimizer ...]; one launch serves every backend
+(results under out_dir/<backend>/).
 """
 
 import os
@@ -12,46 +13,54 @@ import tensorflow as tf
 import embedding_cases as cases
 from collective import CollectiveStrategy
 
-out_dir, backend, optimizers = sys.argv[1], sys.argv[2], sys.argv[3:]
-strategy = CollectiveStrategy(backend)
-r, n = strategy.rank(), strategy.world_size()
-results = {}
+out_dir, backends, optimizers = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 
-with strategy.scope():
-    # Lookups of every kind on one step's data.
-    with tf.Graph().as_default():
-        dense, (rows, ids, weights), _ = cases.local_batch(0, r, n)
-        with strategy.embedding_scope():
-            table = tf.compat.v1.get_variable(
-                "table", [cases.VOCAB, cases.DIM], initializer=tf.compat.v1.constant_initializer(cases.table_values(1)),
-                partitioner=tf.compat.v1.fixed_size_partitioner(n))
-        sp_ids = tf.SparseTensor(*cases.sparse_value(rows, ids, len(dense)))
-        sp_w = tf.SparseTensor(*cases.sparse_value(rows, weights, len(dense)))
-        fetch = {"dense": tf.nn.embedding_lookup(table, dense),
-                 "dense_v1_int32": tf.compat.v1.nn.embedding_lookup(table, tf.constant(dense, tf.int32))}
-        for combiner in ("sum", "mean", "sqrtn"):
-            fetch[f"sparse_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, None, combiner=combiner)
-            fetch[f"weighted_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, sp_w, combiner=combiner)
-        # Rows 1 and 2 of the local batch lose their ids: safe lookup gives zeros there.
-        keep = (rows != 1) & (rows != 2)
-        sp_holes = tf.SparseTensor(*cases.sparse_value(rows[keep], ids[keep], len(dense)))
-        fetch["safe_mean"] = tf.nn.safe_embedding_lookup_sparse(table, sp_holes, combiner="mean")
-        column = tf.compat.v1.feature_column.embedding_column(
-            tf.compat.v1.feature_column.categorical_column_with_identity("item", cases.VOCAB), cases.DIM,
-            combiner="sqrtn", initializer=tf.compat.v1.constant_initializer(cases.table_values(2)))
-        with strategy.embedding_scope():
-            fetch["feature_column"] = tf.compat.v1.feature_column.input_layer({"item": sp_ids}, [column])
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            results.update(sess.run(fetch))
-            results["table_shard"] = sess.run(table)
 
-    # Training parity.
-    batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
-    for name in optimizers:
-        losses, tables, dense_vars = cases.train(name, batches, strategy)
-        results[f"{name}_losses"] = losses
-        results[f"{name}_t1"], results[f"{name}_t2"] = tables
-        results[f"{name}_w"], results[f"{name}_b"] = dense_vars
+def run(backend):
+    strategy = CollectiveStrategy(backend)
+    r, n = strategy.rank(), strategy.world_size()
+    results = {}
+    with strategy.scope():
+        # Lookups of every kind on one step's data.
+        with tf.Graph().as_default():
+            dense, (rows, ids, weights), _ = cases.local_batch(0, r, n)
+            with strategy.embedding_scope():
+                table = tf.compat.v1.get_variable(
+                    "table", [cases.VOCAB, cases.DIM],
+                    initializer=tf.compat.v1.constant_initializer(cases.table_values(1)),
+                    partitioner=tf.compat.v1.fixed_size_partitioner(n))
+            sp_ids = tf.SparseTensor(*cases.sparse_value(rows, ids, len(dense)))
+            sp_w = tf.SparseTensor(*cases.sparse_value(rows, weights, len(dense)))
+            fetch = {"dense": tf.nn.embedding_lookup(table, dense),
+                     "dense_v1_int32": tf.compat.v1.nn.embedding_lookup(table, tf.constant(dense, tf.int32))}
+            for combiner in ("sum", "mean", "sqrtn"):
+                fetch[f"sparse_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, None, combiner=combiner)
+                fetch[f"weighted_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, sp_w, combiner=combiner)
+            # Rows 1 and 2 of the local batch lose their ids: safe lookup gives zeros there.
+            keep = (rows != 1) & (rows != 2)
+            sp_holes = tf.SparseTensor(*cases.sparse_value(rows[keep], ids[keep], len(dense)))
+            fetch["safe_mean"] = tf.nn.safe_embedding_lookup_sparse(table, sp_holes, combiner="mean")
+            column = tf.compat.v1.feature_column.embedding_column(
+                tf.compat.v1.feature_column.categorical_column_with_identity("item", cases.VOCAB), cases.DIM,
+                combiner="sqrtn", initializer=tf.compat.v1.constant_initializer(cases.table_values(2)))
+            with strategy.embedding_scope():
+                fetch["feature_column"] = tf.compat.v1.feature_column.input_layer({"item": sp_ids}, [column])
+            with tf.compat.v1.Session() as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                results.update(sess.run(fetch))
+                results["table_shard"] = sess.run(table)
 
-np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)
+        # Training parity.
+        batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
+        for name in optimizers:
+            losses, tables, dense_vars = cases.train(name, batches, strategy)
+            results[f"{name}_losses"] = losses
+            results[f"{name}_t1"], results[f"{name}_t2"] = tables
+            results[f"{name}_w"], results[f"{name}_b"] = dense_vars
+
+    os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
+    np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)
+
+
+for name in backends:
+    run(name)

@@ -1,6 +1,6 @@
 """Several tables of mixed dimensions and their data, built alike with and without collective.
 
-Workers look them up with ``collective.embedding.grouped.lookup_sparse_group``
+Workers look them up with ``collective.embedding.lookup.lookup_sparse_group``
 on their share of each global batch; the tests compare with numpy and with
 plain single-process TensorFlow on the whole batch.
 """

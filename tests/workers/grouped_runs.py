@@ -1,4 +1,4 @@
-"""One launch of grouped_worker.py per (backend, world size), shared by the test modules that read it."""
+"""One launch of grouped_worker.py per world size for every backend, shared by the test modules that read it."""
 
 import functools
 import pathlib
@@ -9,10 +9,16 @@ import numpy as np
 
 from launcher import load_rank_results, run_workers
 
+BACKENDS = ("hb", "sok", "replicated")
+
 
 @functools.lru_cache(maxsize=None)
+def _all_backends(n: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
+    with tempfile.TemporaryDirectory(prefix=f"grouped-{n}-") as out:
+        run_workers("grouped_worker.py", n, [out, ",".join(BACKENDS)])
+        return {b: load_rank_results(pathlib.Path(out) / b, n) for b in BACKENDS}
+
+
 def grouped_results(backend: str, n: int) -> List[Dict[str, np.ndarray]]:
-    """Every rank's results of tests/workers/grouped_worker.py on ``n`` workers."""
-    with tempfile.TemporaryDirectory(prefix=f"grouped-{backend}-{n}-") as out:
-        run_workers("grouped_worker.py", n, [out, backend])
-        return load_rank_results(pathlib.Path(out), n)
+    """Every rank's results of tests/workers/grouped_worker.py on ``n`` workers under ``backend``."""
+    return _all_backends(n)[backend]

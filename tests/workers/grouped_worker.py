@@ -3,7 +3,8 @@
 One launch serves tests/test_grouped.py and tests/test_feature_columns.py
 (keys ``columns:*`` are the feature-column results).
 
-argv: out_dir backend
+argv: out_dir backend[,backend...]; one launch serves every backend (results under
+out_dir/<backend>/).
 """
 
 import os
@@ -15,57 +16,63 @@ import tensorflow as tf
 import columns_cases
 import grouped_cases as cases
 from collective import CollectiveStrategy, comm
-from collective.embedding.grouped import lookup_sparse_group
+from collective.embedding.lookup import lookup_sparse_group
 
-out_dir, backend = sys.argv[1], sys.argv[2]
-strategy = CollectiveStrategy(backend)
-r, n = strategy.rank(), strategy.world_size()
-results = {}
+out_dir, backends = sys.argv[1], sys.argv[2].split(",")
 
 
 def group(tables, ids, weights, combiners):
     return lookup_sparse_group(tables, ids, weights, combiners)
 
 
-with strategy.scope():
-    features, _ = cases.local_batch(0, r, n)
-    for label, lookup in (("grouped", group), ("ungrouped", None)):
-        with tf.Graph().as_default() as graph:
+def run(backend):
+    strategy = CollectiveStrategy(backend)
+    r, n = strategy.rank(), strategy.world_size()
+    results = {}
+    with strategy.scope():
+        features, _ = cases.local_batch(0, r, n)
+        for label, lookup in (("grouped", group), ("ungrouped", None)):
+            with tf.Graph().as_default() as graph:
+                tables = cases.make_tables(strategy)
+                ids, weights = cases.placeholders()
+                outputs = cases.lookups(tables, ids, weights, lookup)
+                counter = comm.bytes_counter()
+                for op_type, count in columns_cases.collective_ops(graph).items():
+                    results[f"{label}_ops_{op_type}"] = count
+                with tf.compat.v1.Session() as sess:
+                    sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                    values = sess.run(outputs, cases.feed_dict(ids, weights, features, cases.BATCH // n))
+                    results[f"{label}_bytes"] = sess.run(counter)
+                    for i, value in enumerate(values):
+                        results[f"{label}_{i}"] = value
+                    for i, table in enumerate(sess.run(tables)):
+                        results[f"{label}_shard_{i}"] = table
+
+        # The last sample of this worker has no ids: pad_to_batch still gives it a (zero) row.
+        with tf.Graph().as_default():
             tables = cases.make_tables(strategy)
             ids, weights = cases.placeholders()
-            outputs = cases.lookups(tables, ids, weights, lookup)
-            counter = comm.bytes_counter()
-            for op_type, count in columns_cases.collective_ops(graph).items():
-                results[f"{label}_ops_{op_type}"] = count
+            padded = lookup_sparse_group(tables, ids, weights, [t[3] for t in cases.TABLES], pad_to_batch=True)
+            batch = cases.BATCH // n
+            short = [tuple(part[rows < batch - 1] for part in (rows, values, w)) for rows, values, w in features]
             with tf.compat.v1.Session() as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-                values = sess.run(outputs, cases.feed_dict(ids, weights, features, cases.BATCH // n))
-                results[f"{label}_bytes"] = sess.run(counter)
-                for i, value in enumerate(values):
-                    results[f"{label}_{i}"] = value
-                for i, table in enumerate(sess.run(tables)):
-                    results[f"{label}_shard_{i}"] = table
+                for i, value in enumerate(sess.run(padded, cases.feed_dict(ids, weights, short, batch))):
+                    results[f"padded_{i}"] = value
 
-    # The last sample of this worker has no ids: pad_to_batch still gives it a (zero) row.
-    with tf.Graph().as_default():
-        tables = cases.make_tables(strategy)
-        ids, weights = cases.placeholders()
-        padded = lookup_sparse_group(tables, ids, weights, [t[3] for t in cases.TABLES], pad_to_batch=True)
-        batch = cases.BATCH // n
-        short = [tuple(part[rows < batch - 1] for part in (rows, values, w)) for rows, values, w in features]
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            for i, value in enumerate(sess.run(padded, cases.feed_dict(ids, weights, short, batch))):
-                results[f"padded_{i}"] = value
+        batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
+        losses, tables, w = cases.train(batches, strategy, group)
+        results["train_losses"], results["train_w"] = losses, w
+        for i, table in enumerate(tables):
+            results[f"train_table_{i}"] = table
 
-    batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
-    losses, tables, w = cases.train(batches, strategy, group)
-    results["train_losses"], results["train_w"] = losses, w
-    for i, table in enumerate(tables):
-        results[f"train_table_{i}"] = table
+        column_batches = [columns_cases.local_batch(step, r, n) for step in range(cases.STEPS)]
+        for key, value in columns_cases.run(column_batches, strategy).items():
+            results[f"columns:{key}"] = value
 
-    column_batches = [columns_cases.local_batch(step, r, n) for step in range(cases.STEPS)]
-    for key, value in columns_cases.run(column_batches, strategy).items():
-        results[f"columns:{key}"] = value
+    os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
+    np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)
 
-np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)
+
+for name in backends:
+    run(name)

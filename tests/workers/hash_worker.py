@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import hash_cases as cases
 from collective import CollectiveStrategy
-from collective import feature_column as cfc
+from collective import hash_embedding_column as cfc
 from collective.embedding import hash_table
 
 out_dir, backend, optimizers = sys.argv[1], sys.argv[2], sys.argv[3:]

@@ -13,7 +13,7 @@ import sys  # changed: directories and the data file come from argv
 
 import pandas as pd  # changed: the input is a local CSV instead of tensorflow_datasets
 import tensorflow.compat.v1 as tf  # changed: TF1 names (tf.placeholder, tf.to_float, tf.train.*)
-import collective.feature_column  # changed: DeepRec's categorical_column_with_embedding
+import collective.hash_embedding_column  # changed: DeepRec's categorical_column_with_embedding
 from collective import CollectiveStrategy  # changed: collective's CollectiveStrategy
 
 work_dir, ratings_csv = sys.argv[1], sys.argv[2]  # changed
@@ -60,12 +60,12 @@ with strategy.scope(), tf.Graph().as_default():
 
         embedding_columns = [
             tf.feature_column.embedding_column(
-                collective.feature_column.categorical_column_with_embedding(  # changed: collective's column
+                collective.hash_embedding_column.categorical_column_with_embedding(  # changed: collective's column
                     "movie_id", dtype=tf.int64),
                 dimension=16,
                 initializer=tf.random_uniform_initializer(-1e-3, 1e-3)),
             tf.feature_column.embedding_column(
-                collective.feature_column.categorical_column_with_embedding(  # changed: collective's column
+                collective.hash_embedding_column.categorical_column_with_embedding(  # changed: collective's column
                     "user_id", dtype=tf.int64),
                 dimension=16,
                 initializer=tf.random_uniform_initializer(-1e-3, 1e-3))

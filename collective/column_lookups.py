@@ -1,6 +1,6 @@
 """TensorFlow's feature-column entry points, adapted to sharded tables.
 
-Installed by :mod:`collective.patches` inside ``CollectiveStrategy.scope()``:
+Installed by :mod:`collective.tf_internals.patches` inside ``CollectiveStrategy.scope()``:
 
 - v1 ``input_layer`` and Keras ``DenseFeatures`` (v1 and v2) run TensorFlow's
   own code inside :func:`collective.embedding.coalescing.coalescing`, so the
@@ -13,12 +13,11 @@ Installed by :mod:`collective.patches` inside ``CollectiveStrategy.scope()``:
 from __future__ import annotations
 
 import tensorflow as tf
-from keras.src.feature_column import dense_features
-from tensorflow.python.feature_column import feature_column as fc_v1
 
-from collective import patches
 from collective.embedding.coalescing import coalescing
 from collective.embedding.table import shard_of
+from collective.tf_internals import dense_features, patches
+from collective.tf_internals import feature_column_v1 as fc_v1
 
 
 def internal_input_layer(*args, **kwargs):
@@ -53,3 +52,11 @@ def shared_embedding_dense_tensor(self, inputs, weight_collections=None, trainab
             return original(self, inputs, weight_collections=weight_collections, trainable=trainable)
     finally:
         collection[:] = saved
+
+
+patches.register(fc_v1, "_internal_input_layer", internal_input_layer,
+                 "input_layer: sharded lookups of all columns in one grouped exchange")
+patches.register(dense_features.DenseFeatures, "call", dense_features_call,
+                 "the same for Keras DenseFeatures (v1 and v2)")
+patches.register(fc_v1._SharedEmbeddingColumn, "_get_dense_tensor_internal",  # pylint: disable=protected-access
+                 shared_embedding_dense_tensor, "v1 shared columns accept their sharded table")

@@ -1,6 +1,6 @@
 """DeepRec's ``categorical_column_with_embedding`` over collective's hash-table vocabularies.
 
-    import collective.feature_column as cfc
+    import collective.hash_embedding_column as cfc
 
     movie = cfc.categorical_column_with_embedding("movie_id", dtype=tf.int64)
     column = tf.feature_column.embedding_column(movie, dimension=16,
@@ -22,11 +22,12 @@ import logging
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.feature_column import feature_column as fc_old
-from tensorflow.python.feature_column import feature_column_v2 as fc
 
-from collective import context, modes, patches
+from collective import context, modes
 from collective.embedding import hash_table
+from collective.tf_internals import feature_column_v1 as fc_old
+from collective.tf_internals import feature_column_v2 as fc
+from collective.tf_internals import patches
 
 log = logging.getLogger(__name__)
 

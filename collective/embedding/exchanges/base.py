@@ -1,0 +1,197 @@
+"""The protocol every exchange implements, and the pieces they share.
+
+A lookup on a sharded table is a :class:`Request`: plain (``embedding_lookup``:
+one vector per id) or combined (``embedding_lookup_sparse``: one combined
+vector per segment). The dispatcher (:func:`collective.embedding.exchanges.run`)
+checks and flattens each request (:func:`prepare`), serves world size 1 and
+tables held whole locally, and hands the rest to the table's exchange in
+groups of requests with the same :meth:`Exchange.group_key`: one group is one
+exchange on the wire, and a single lookup is a group of one.
+
+An exchange does three steps for its group, each a TensorFlow op, so the
+gradient path is the reverse of the forward one and reaches each table's
+local variable as ``IndexedSlices``:
+
+1. route: send each id to the rank that holds its row (``ShardLayout.owner``);
+2. look up: gather the rows this rank holds (:func:`owned_rows`);
+3. return: send the vectors (or per-sample partial sums) back to the rank
+   that asked, and combine there if the exchange did not.
+
+Bytes cross the wire only inside ``collective.comm`` calls, which count them.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar, Hashable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from collective import comm
+from collective.embedding import combiners
+from collective.embedding.table import ShardInfo
+
+
+@dataclasses.dataclass
+class Request:
+    """One lookup of a sharded table.
+
+    ``combiner`` None makes it plain (``ids`` of any shape, result
+    ``ids.shape + [dim]``); otherwise ``combiner`` over ``table[ids] * weights``
+    per segment, result ``[num_segments, dim]`` (default ``max(segments) + 1``,
+    as TensorFlow's lookup).
+    """
+
+    table: tf.Variable
+    info: ShardInfo
+    ids: tf.Tensor
+    segments: Optional[tf.Tensor] = None
+    weights: Optional[tf.Tensor] = None
+    combiner: Optional[str] = None
+    num_segments: Optional[tf.Tensor] = None
+
+    @property
+    def plain(self) -> bool:
+        return self.combiner is None
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A request checked and flattened for the wire."""
+
+    req: Request
+    ids: tf.Tensor                           # 1-D int64, checked against the table's vocabulary
+    segments: Optional[tf.Tensor] = None     # int64, combined requests only
+    weights: Optional[tf.Tensor] = None      # the table's dtype, combined requests only
+    num_segments: Optional[tf.Tensor] = None  # int64 scalar, combined requests only
+    weighted: bool = False                   # the caller gave weights (they may need a gradient)
+
+    @property
+    def info(self) -> ShardInfo:
+        return self.req.info
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self.req.table.dtype.base_dtype
+
+
+def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
+    """``ids`` as int64, with an assertion that names the table when one is out of range.
+
+    Hash-table vocabularies take every int64 key: nothing to check.
+    """
+    ids = tf.cast(ids, tf.int64)
+    if info.hash_index is not None:
+        return ids
+    valid = tf.logical_and(ids >= 0, ids < info.vocab)
+    bad = tf.boolean_mask(ids, tf.logical_not(valid))
+    check = tf.debugging.Assert(
+        tf.reduce_all(valid),
+        [f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): "
+         "fix the feature that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the "
+         "ids before the lookup. First offending ids:", bad[:10]],
+        summarize=10)
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
+
+
+def prepare(req: Request) -> Prepared:
+    """Checks ``req`` and brings its tensors to the wire's dtypes."""
+    if req.plain:
+        return Prepared(req, checked_ids(tf.reshape(req.ids, [-1]), req.info))
+    combiners.check_combiner(req.combiner, req.info.name)
+    ids = checked_ids(req.ids, req.info)
+    segments = tf.cast(req.segments, tf.int64)
+    dtype = req.table.dtype.base_dtype
+    weights = tf.ones_like(ids, dtype=dtype) if req.weights is None else tf.cast(req.weights, dtype)
+    if req.num_segments is None:
+        num_segments = tf.reduce_max(tf.concat([segments, [-1]], axis=0)) + 1
+    else:
+        num_segments = tf.cast(req.num_segments, tf.int64)
+    return Prepared(req, ids, segments, weights, num_segments, weighted=req.weights is not None)
+
+
+def owned_rows(p: Prepared, ids: tf.Tensor) -> tf.Tensor:
+    """Vectors of int64 ``ids`` that this rank holds, read from ``p``'s local table."""
+    index = p.info.hash_index
+    if index is not None:
+        return index.owned_vectors(p.req.table, ids)
+    return tf.gather(p.req.table, p.info.layout.local_row(ids))
+
+
+def finish(p: Prepared, vectors: tf.Tensor) -> tf.Tensor:
+    """The request's result from one vector per id: combined per segment, or reshaped like its ids."""
+    if not p.req.plain:
+        return combiners.combine(vectors, p.weights, p.segments, p.num_segments, p.req.combiner)
+    ids = tf.convert_to_tensor(p.req.ids)
+    out = tf.reshape(vectors, tf.concat([tf.shape(ids), [p.info.dim]], axis=0))
+    out.set_shape(ids.shape.concatenate([p.info.dim]))
+    return out
+
+
+def tagged_keys(group: Sequence[Prepared]) -> tf.Tensor:
+    """Every request's ids in one int64 vector as ``id * T + t`` (``t`` the request's index, ``T`` the count).
+
+    Requests of hash-table vocabularies (any int64 key) travel in groups of one, where this is ``id``.
+    """
+    count = len(group)
+    return tf.concat([p.ids * count + t for t, p in enumerate(group)], axis=0)
+
+
+def rows_of_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
+    """Rows this rank holds for :func:`tagged_keys` of ``group``, in the order of ``keys``."""
+    count = len(group)
+    if count == 1:
+        return owned_rows(group[0], keys)
+    ids, which = keys // count, tf.cast(keys % count, tf.int32)
+    positions, parts = [], []
+    for t, p in enumerate(group):
+        at = tf.cast(tf.reshape(tf.where(tf.equal(which, t)), [-1]), tf.int32)
+        positions.append(at)
+        parts.append(owned_rows(p, tf.gather(ids, at)))
+    return tf.dynamic_stitch(positions, parts)
+
+
+def split_by_request(vectors: tf.Tensor, group: Sequence[Prepared]) -> List[tf.Tensor]:
+    """``vectors`` (one per id of :func:`tagged_keys`) cut back into one tensor per request."""
+    if len(group) == 1:
+        return [vectors]
+    sizes = tf.stack([tf.size(p.ids) for p in group])
+    return tf.split(vectors, sizes, num=len(group))
+
+
+def fetch_from_owners(group: Sequence[Prepared], dedup: bool) -> List[tf.Tensor]:
+    """One vector per id of each request, fetched from the ranks that hold them.
+
+    Route: (deduplicated) ids bucketed by owner, one alltoall. Look up: each
+    owner gathers its rows. Return: one alltoall of vectors, back in order.
+    """
+    n = group[0].info.world_size
+    keys = tagged_keys(group)
+    if dedup:
+        keys, index = tf.unique(keys, out_idx=tf.int32)
+    owner = group[0].info.layout.owner(keys // len(group))
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
+    received, received_splits = comm.alltoall(tf.gather(keys, order), splits)
+    returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
+    vectors = tf.gather(returned, tf.math.invert_permutation(order))
+    if dedup:
+        vectors = tf.gather(vectors, index)
+    return split_by_request(vectors, group)
+
+
+class Exchange(abc.ABC):
+    """One backend's way of serving a group of lookups across ranks (see the module docstring)."""
+
+    name: ClassVar[str]
+
+    def group_key(self, p: Prepared) -> Hashable:
+        """Requests with equal keys share one exchange. Default: same dtype and width; hash tables alone."""
+        alone = id(p.req.table) if p.info.hash_index is not None else None
+        return (p.dtype, p.info.dim, alone)
+
+    @abc.abstractmethod
+    def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
+        """Each request's result (see :func:`finish`) for one group, on world size > 1."""

@@ -1,0 +1,259 @@
+"""Architecture rules: no import cycle inside collective, TensorFlow's privates behind one seam, TF 2.15 only."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+from typing import Dict, Iterator, List, Optional, Set
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = "collective"
+SEAM = REPO / PACKAGE / "tf_internals"
+CHECKED_TREES = ("collective", "modelzoo", "benchmarks", "datasets")
+PRIVATE_PREFIXES = ("tensorflow.python", "keras.src", "tensorflow_estimator.python")
+
+
+def _python_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    return (p for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute name of the module ``node`` (in ``module``) imports from."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    package = package[:len(package) - node.level + 1]
+    return ".".join(package + ([base] if base else []))
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
+    """Every module name ``tree`` imports (anywhere, functions included), relative ones made absolute.
+
+    ``from pkg import name`` yields ``pkg.name`` (whether or not it is a module) and ``pkg``.
+    """
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, module, is_package)
+            yield base
+            for alias in node.names:
+                yield f"{base}.{alias.name}"
+
+
+def _module_graph() -> Dict[str, Set[str]]:
+    """Module -> the collective modules it imports (each edge to the most specific existing module)."""
+    paths = {_module_name(p): p for p in _python_files(REPO / PACKAGE)}
+
+    def resolve(name: str) -> Optional[str]:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Dict[str, Set[str]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        deps: Set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == PACKAGE)
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(node, module, path.name == "__init__.py")
+                if base.split(".")[0] != PACKAGE:
+                    continue
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    deps.add(full if full in paths else resolve(base))
+        deps.discard(None)
+        deps.discard(module)
+        graph[module] = deps
+    return graph
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle (a path ``a -> ... -> a``) through each strongly connected component of ``graph``."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    components: List[Set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+
+    cycles = []
+    for component in components:
+        start = min(component)
+        # Breadth-first search for the shortest way back to ``start`` inside the component.
+        previous: Dict[str, str] = {}
+        frontier, end = [start], None
+        while end is None:
+            following = []
+            for v in frontier:
+                if start in graph[v]:
+                    end = v
+                    break
+                for w in sorted(graph[v] & component):
+                    if w != start and w not in previous:
+                        previous[w] = v
+                        following.append(w)
+            frontier = following
+        path = [end]
+        while path[-1] != start:
+            path.append(previous[path[-1]])
+        cycles.append(path[::-1] + [start])
+    return cycles
+
+
+def test_module_graph_has_no_cycle():
+    graph = _module_graph()
+    assert "collective.tf_internals" in graph and "collective.strategy" in graph
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles inside collective:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_reports_a_cycle():
+    cycle = _cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()})
+    assert cycle == [["a", "b", "c", "a"]]
+
+
+def _private_imports(path: pathlib.Path) -> List[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    module = _module_name(path) if REPO in path.parents else path.stem
+    for name in _imports(tree, module, path.name == "__init__.py"):
+        if any(name == p or name.startswith(p + ".") for p in PRIVATE_PREFIXES):
+            found.append(name)
+    return sorted(set(found))
+
+
+def test_private_tensorflow_imports_only_in_the_seam():
+    offenders = {}
+    for tree in CHECKED_TREES:
+        for path in _python_files(REPO / tree):
+            if SEAM in path.parents:
+                continue
+            names = _private_imports(path)
+            if names:
+                offenders[str(path.relative_to(REPO))] = names
+    assert not offenders, ("import these from collective.tf_internals instead:\n"
+                           + "\n".join(f"{path}: {', '.join(names)}" for path, names in offenders.items()))
+
+
+def test_private_import_detection(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text('"""tensorflow.python in a docstring is not an import."""\n'
+                      "def f():\n    from tensorflow.python.ops import io_ops\n"
+                      "from keras import src\nimport tensorflow_estimator.python.estimator\n")
+    assert _private_imports(source) == ["keras.src", "tensorflow.python.ops", "tensorflow.python.ops.io_ops",
+                                        "tensorflow_estimator.python.estimator"]
+
+
+def test_import_refuses_other_tensorflow():
+    code = "import tensorflow as tf; tf.__version__ = '2.16.1'; import collective"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "2.16.1" in result.stderr and "2.15" in result.stderr
+
+
+def test_check_versions():
+    from collective.tf_internals import check_versions
+
+    check_versions("2.15.1", "2.15.0")
+    with pytest.raises(ImportError, match=r"found tensorflow 2\.16\.1 .*tensorflow-cpu==2\.15\.1"):
+        check_versions("2.16.1", "2.15.0")
+    with pytest.raises(ImportError, match=r"tensorflow-estimator 2\.14\.0"):
+        check_versions("2.15.1", "2.14.0")
+
+
+def _resolve(dotted: str):
+    """The module or class named ``dotted`` (``package.module.Class.Inner``)."""
+    module, rest = dotted, []
+    while module not in sys.modules:
+        module, _, attribute = module.rpartition(".")
+        assert module, f"{dotted} names no imported module"
+        rest.insert(0, attribute)
+    owner = sys.modules[module]
+    for attribute in rest:
+        owner = getattr(owner, attribute)
+    return owner
+
+
+def _stored(owner, attribute: str):
+    return owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+
+
+ON_DEMAND = {("tensorflow_estimator.python.estimator.estimator", name) for name in (
+    "_verify_and_create_loss_metric", "_write_dict_to_summary", "_write_checkpoint_path_to_summary")}
+
+
+def test_patched_restores_every_registered_attribute():
+    import collective.estimator  # noqa: F401  (registers its on-demand patches)
+    import collective.strategy  # noqa: F401  (imports every module registering for patched())
+    from collective.tf_internals import patches
+
+    entries = patches.registered()
+    listed = {(entry.owner.rpartition(".")[2], entry.attribute) for entry in entries}
+    assert {("embedding_ops", "embedding_lookup"), ("nn", "embedding_lookup"),
+            ("embedding_ops", "embedding_lookup_sparse_impl"), ("variable_v1", "default_variable_creator"),
+            ("variables", "default_variable_creator_v2"), ("Optimizer", "apply_gradients"),
+            ("monitored_session", "MonitoredTrainingSession"), ("train", "MonitoredTrainingSession"),
+            ("saver", "_get_saver_or_default"), ("feature_column", "_internal_input_layer"),
+            ("DenseFeatures", "call"), ("_SharedEmbeddingColumn", "_get_dense_tensor_internal"),
+            ("estimator", "_verify_and_create_loss_metric"), ("estimator", "_write_dict_to_summary"),
+            ("estimator", "_write_checkpoint_path_to_summary")} <= listed
+    owners = [(_resolve(entry.owner), entry.attribute) for entry in entries]
+    before = [_stored(owner, attribute) for owner, attribute in owners]
+    assert not patches.active()
+    with patches.patched():
+        with patches.patched():
+            assert patches.active()
+        inside = [_stored(owner, attribute) for owner, attribute in owners]
+        for (owner, attribute), value in zip(owners, before):
+            assert patches.original(owner, attribute) is value
+    after = [_stored(owner, attribute) for owner, attribute in owners]
+    assert not patches.active()
+    for entry, old, new in zip(entries, before, inside):
+        if (entry.owner, entry.attribute) in ON_DEMAND:
+            assert new is old, f"{entry} is applied on demand, not by patched()"
+        else:
+            assert new is not old, f"{entry} was not installed by patched()"
+    for entry, old, new in zip(entries, before, after):
+        assert new is old, f"{entry} was not restored"
