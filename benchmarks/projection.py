@@ -40,6 +40,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from collective.byte_model import sent_bytes
+
 logger = logging.getLogger("benchmarks.projection")
 
 WORKER_COUNTS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -85,7 +87,7 @@ def _unique_per_worker(ids: np.ndarray, n: int, b: int, vocab: int):
 
 def dense_allreduce_bytes(param_bytes: Sequence[int], n: int) -> int:
     """What ``comm.grouped_allreduce`` counts per worker for dense gradients of these sizes."""
-    return sum(p * 2 * (n - 1) // n for p in param_bytes)
+    return sum(sent_bytes("allreduce", p, n) for p in param_bytes)
 
 
 def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, batch_size: int,
@@ -118,7 +120,7 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
             raise ValueError(f"a table's global batch has {len(table_ids)} ids, expected {n} x {batch_size}")
         if backend == "hvd_replicated" or vocab < n:
             worker, _ = _unique_per_worker(table_ids, n, batch_size, vocab)
-            sent += np.bincount(worker, minlength=n) * (4 * dim + 8) * (n - 1)
+            sent += sent_bytes("allgather", np.bincount(worker, minlength=n) * (4 * dim + 8), n)
             out.other_calls += 2
         elif backend == "hb":
             worker, unique = _unique_per_worker(table_ids, n, batch_size, vocab)
@@ -128,11 +130,12 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
             sent += np.bincount(owner[remote], minlength=n) * 4 * dim
             hb_groups.add((group, dim))
         else:
-            sent += 32 * batch_size * (n - 1) + batch_size * dim * 4 * (n - 1)  # one id per sample
+            # One id per sample: (id, sample, table, weight) forward, its vector's gradient backward.
+            sent += sent_bytes("allgather", 32 * batch_size, n) + sent_bytes("allgather", batch_size * dim * 4, n)
             group_dims[group] = group_dims.get(group, 0) + dim
     out.alltoall_calls += 3 * len(hb_groups)
     for width in group_dims.values():
-        sent += 8 * (n - 1) + batch_size * n * width * 4 * (n - 1) // n
+        sent += sent_bytes("allgather", 8, n) + sent_bytes("reducescatter", batch_size * n * width * 4, n)
         out.other_calls += 4
     sent += dense_allreduce_bytes(dense_param_bytes, n)
     out.other_calls += 2 if dense_param_bytes else 0

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from benchmarks import batches, models
 from collective import comm, context
+from collective.byte_model import sent_bytes
 from collective.embedding.table import shard_of
 from datasets import schema
 
@@ -65,9 +66,9 @@ def horovod_bytes(local_grads, n: int) -> tf.Tensor:
         if grad is None:
             continue
         if isinstance(grad, tf.IndexedSlices):
-            total += (_nbytes(grad.values) + _nbytes(grad.indices)) * (n - 1)
+            total += sent_bytes("allgather", _nbytes(grad.values) + _nbytes(grad.indices), n)
         else:
-            total += _nbytes(grad) * 2 * (n - 1) // n
+            total += sent_bytes("allreduce", _nbytes(grad), n)
     return total
 
 

@@ -4,16 +4,7 @@ Every function here works in graph mode (and in ``tf.function``), has a
 gradient, and at world size 1 is an identity that does not need Horovod to be
 initialised. Each call adds the bytes this worker sends to a per-graph
 counter, :func:`bytes_counter`, that hooks and benchmarks read as bytes per
-step. The byte model, per worker and call, with ``N`` workers and ``S`` the
-bytes of the local input:
-
-=============  ==========================================================
-alltoall       the rows sent to other workers (exact, from the splits)
-allgather      ``S * (N - 1)``: every other worker gets the local rows
-allreduce      ``2 * S * (N - 1) / N``: ring reduce-scatter + allgather
-reducescatter  ``S * (N - 1) / N``
-broadcast      ``S * (N - 1)`` on the root, 0 elsewhere
-=============  ==========================================================
+step, by the byte model of :mod:`collective.byte_model`.
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import context
+from collective.byte_model import sent_bytes
 
 BYTES_COLLECTION = "collective_bytes_sent"
 _eager_counter: Optional[tf.Variable] = None
@@ -132,10 +124,6 @@ def _grad_fn(grad):
     return wrapped
 
 
-def _share(nbytes: tf.Tensor, numerator: int, denominator: int) -> tf.Tensor:
-    return nbytes * numerator // denominator
-
-
 # ---------------------------------------------------------------- collectives
 
 def allreduce(tensor: tf.Tensor, op: str = "average", name: Optional[str] = None) -> tf.Tensor:
@@ -150,7 +138,7 @@ def allreduce(tensor: tf.Tensor, op: str = "average", name: Optional[str] = None
     def _allreduce(x):
         hvd = _hvd()
         y = hvd.allreduce(_unfoldable(x), op=hvd.Sum if op == "sum" else hvd.Average, name=name)
-        return _counted(y, _share(_nbytes(x), 2 * (n - 1), n)), _grad_fn(lambda dy: allreduce(dy, op))
+        return _counted(y, sent_bytes("allreduce", _nbytes(x), n)), _grad_fn(lambda dy: allreduce(dy, op))
 
     return _allreduce(tensor)
 
@@ -175,7 +163,7 @@ def grouped_allreduce(tensors: Sequence[tf.Tensor], op: str = "average") -> List
             reduced = hvd.grouped_allreduce([_unfoldable(xs[i]) for i in indices], op=hvd.Sum if op == "sum" else hvd.Average)
             for i, y in zip(indices, reduced):
                 ys[i] = y
-        sent = tf.add_n([_share(_nbytes(x), 2 * (n - 1), n) for x in xs])
+        sent = tf.add_n([sent_bytes("allreduce", _nbytes(x), n) for x in xs])
         return _counted(tuple(ys), sent), _grad_fn(lambda *dys: grouped_allreduce(list(dys), op))
 
     return list(_grouped(*tensors))
@@ -201,7 +189,7 @@ def allgather(tensor: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
             start = tf.reduce_sum(counts[:rank()])
             return allreduce(dy, "sum")[start:start + rows[0]]
 
-        return _counted(y, _nbytes(x) * (n - 1)), _grad_fn(grad)
+        return _counted(y, sent_bytes("allgather", _nbytes(x), n)), _grad_fn(grad)
 
     return _allgather(tensor)
 
@@ -261,7 +249,7 @@ def reducescatter(tensor: tf.Tensor, op: str = "sum", name: Optional[str] = None
             g = allgather(dy)
             return g / n if op == "average" else g
 
-        return _counted(y, _share(_nbytes(x), n - 1, n)), _grad_fn(grad)
+        return _counted(y, sent_bytes("reducescatter", _nbytes(x), n)), _grad_fn(grad)
 
     return _reducescatter(tensor)
 
@@ -282,7 +270,7 @@ def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None,
         return y
     # The same ops on every rank: Horovod names collectives after the graph's
     # op names, which rank-dependent construction would shift.
-    sent = _nbytes(tensor) * (n - 1) * int(rank() == root_rank)
+    sent = sent_bytes("broadcast", _nbytes(tensor), n) * int(rank() == root_rank)
     return _counted(y, sent)
 
 
@@ -311,7 +299,7 @@ def allreduce_max(tensor: tf.Tensor) -> tf.Tensor:
         return tf.identity(tensor)
     hvd = _hvd()
     y = hvd.allreduce(_unfoldable(tf.stop_gradient(tensor)), op=hvd.Max)
-    return _counted(y, _share(_nbytes(tensor), 2 * (world_size() - 1), world_size()))
+    return _counted(y, sent_bytes("allreduce", _nbytes(tensor), world_size()))
 
 
 def _check_op(op: str, choices: Tuple[str, ...]) -> str:

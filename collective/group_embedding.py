@@ -112,14 +112,7 @@ def group_embedding_lookup_sparse(params: Sequence, sp_ids: Sequence[tf.SparseTe
             raise ValueError(f"group_embedding_lookup_sparse: combiners[{i}]={combiner!r} is not one of "
                              f"{', '.join(COMBINERS)}")
     comm.init()
-    outputs = lookup_sparse_group(list(params), ids_list, weights_list, combiner_list, name=name)
-    return [_pad_to_batch(out, ids.dense_shape[0]) for out, ids in zip(outputs, ids_list)]
-
-
-def _pad_to_batch(combined: tf.Tensor, batch) -> tf.Tensor:
-    """``combined`` (rows up to the last sample with ids) padded with zero rows to ``batch`` rows."""
-    missing = tf.maximum(tf.cast(batch, tf.int32) - tf.shape(combined)[0], 0)
-    return tf.pad(combined, [[0, missing], [0, 0]])
+    return lookup_sparse_group(list(params), ids_list, weights_list, combiner_list, name=name, pad_to_batch=True)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 
 from collective import comm
+from collective.byte_model import sent_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def _global_step_read() -> tf.Tensor:
 
 def allreduce_overhead_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one worker's :func:`collective.comm.allreduce` of ``nbytes`` adds to its byte counter."""
-    return 0 if world_size == 1 else nbytes * 2 * (world_size - 1) // world_size
+    return sent_bytes("allreduce", nbytes, world_size)
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):

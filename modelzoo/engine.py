@@ -8,8 +8,10 @@ core of ``collective`` (sharded tables, exchanges, averaged gradients):
   iterator; every worker runs the same number of batches (the exchanges are
   collective), predictions are gathered and the metrics computed exactly
   over all workers' rows (:func:`modelzoo.heads.numpy_metrics`);
-- export: whole tables gathered to rank 0, which writes a SavedModel that
-  plain TensorFlow serves (:mod:`modelzoo.export`).
+- export: every worker writes a checkpoint of whole logical tables to
+  ``model_dir`` (:class:`collective.checkpoint.Saver`), from which rank 0
+  writes a SavedModel that plain TensorFlow serves
+  (:func:`collective.export.export_estimator`, the one export writer).
 
 :class:`EstimatorEngine` does the same through ``strategy.estimator(...)``
 (checkpoints in ``model_dir``). :func:`make_engine` is the one place that picks.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from typing import Callable, Dict, List, Mapping, Optional
 
@@ -27,9 +30,9 @@ import numpy as np
 import tensorflow as tf
 
 from collective import CollectiveStrategy, comm
-from collective.embedding.table import shard_of
+from collective.checkpoint import Saver
+from collective.export import export_estimator
 from modelzoo import heads
-from modelzoo.export import write_saved_model
 
 logger = logging.getLogger("modelzoo")
 
@@ -61,16 +64,6 @@ class Progress:
         rate = (step - self._last_step) * self.global_batch / max(now - self._last_time, 1e-9)
         logger.info("step %d/%d  loss %.5f  %s samples/s", step, self.max_steps, loss, f"{rate:,.0f}")
         self._last_time, self._last_step = now, step
-
-
-def _logical(gathered: np.ndarray, world_size: int) -> np.ndarray:
-    """Rows of a sharded table gathered rank after rank -> the logical table (row i from rank i % N)."""
-    vocab = gathered.shape[0]
-    rows = np.arange(vocab)
-    owner, local = rows % world_size, rows // world_size
-    offsets = np.concatenate([[0], np.cumsum([(vocab - r + world_size - 1) // world_size
-                                              for r in range(world_size)])])[:-1]
-    return gathered[offsets[owner] + local]
 
 
 class SessionEngine:
@@ -112,7 +105,7 @@ class SessionEngine:
                 handles.append(tf.compat.v1.data.make_one_shot_iterator(eval_ds).string_handle())
             rows_in = tf.compat.v1.placeholder(tf.float32, [None, None], name="eval_rows")
             gathered_rows = comm.allgather(rows_in)
-            export_values = self._export_value_ops() if export_dir_base else {}
+            saver = (Saver() if self.strategy else tf.compat.v1.train.Saver()) if export_dir_base else None
             sent = comm.bytes_counter()
             with tf.compat.v1.Session(config=self._session_config()) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
@@ -125,31 +118,20 @@ class SessionEngine:
                 if eval_ds is not None:
                     metrics, predictions = self._evaluate(sess, spec, labels, {handle: handle_values[1]},
                                                           eval_steps, eval_rows, rows_in, gathered_rows)
-                export_path = None
-                if export_dir_base:
-                    values = sess.run(export_values)
-        if export_dir_base and self.rank == 0:
-            values = {name: _logical(v, self.world_size) if name in self._sharded_names else v
-                      for name, v in values.items()}
-            export_path = write_saved_model(self.model_fn, self.params, serving_input_receiver_fn, values,
-                                            export_dir_base)
+                checkpoint = None
+                if saver is not None:
+                    tf.io.gfile.makedirs(self.model_dir)
+                    checkpoint = saver.save(sess, os.path.join(self.model_dir, "model.ckpt"), global_step=max_steps)
+        export_path = None
+        if checkpoint is not None:
+            path = export_estimator(self.model_fn, self.params, None, export_dir_base, serving_input_receiver_fn,
+                                    checkpoint)
+            export_path = path.decode() if isinstance(path, bytes) else path
         return RunResult(max_steps, loss, rate, bytes_per_sample, metrics, export_path,
                          predictions if keep_predictions else None)
 
     def _session_config(self) -> tf.compat.v1.ConfigProto:
         return tf.compat.v1.ConfigProto(allow_soft_placement=True)
-
-    def _export_value_ops(self) -> Dict[str, tf.Tensor]:
-        """Per trainable variable: its value (dense) or all workers' rows gathered (sharded tables)."""
-        ops, self._sharded_names = {}, set()
-        for var in tf.compat.v1.trainable_variables():
-            name = var.op.name
-            if shard_of(var) is not None and self.world_size > 1:
-                ops[name] = comm.allgather(var.read_value(), name=None)
-                self._sharded_names.add(name)
-            else:
-                ops[name] = var.read_value()
-        return ops
 
     def _train(self, sess, spec, feed, max_steps: int, global_batch: int, log_every: int):
         progress = Progress(max_steps, global_batch, log_every, self.rank)

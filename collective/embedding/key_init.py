@@ -27,9 +27,9 @@ from typing import Tuple
 import numpy as np
 import tensorflow as tf
 
+from collective.kernels.reference import FMIX64_MUL1, FMIX64_MUL2, FMIX64_SHIFT
+
 GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xFF51AFD7ED558CCD
-_MIX2 = 0xC4CEB9FE1A85EC53
 _TRUNCATION_LOW = 0.5 * math.erfc(2.0 / math.sqrt(2.0))  # Phi(-2)
 _TRUNCATED_STDDEV = 0.87962566103423978  # stddev of a standard normal truncated at +-2
 SUPPORTED = ("zeros, ones, constant (scalar or [dim]), random_uniform, random_normal, truncated_normal, "
@@ -40,11 +40,11 @@ Spec = Tuple[str, object, object]
 
 
 def _fmix(k: tf.Tensor) -> tf.Tensor:
-    shift = tf.constant(33, tf.uint64)
+    shift = tf.constant(FMIX64_SHIFT, tf.uint64)
     k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
-    k = k * tf.constant(_MIX1, tf.uint64)
+    k = k * tf.constant(FMIX64_MUL1, tf.uint64)
     k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
-    k = k * tf.constant(_MIX2, tf.uint64)
+    k = k * tf.constant(FMIX64_MUL2, tf.uint64)
     return tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
 
 

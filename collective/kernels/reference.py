@@ -35,9 +35,14 @@ from .validation import (
 EMPTY_KEY = np.iinfo(np.int64).min
 """The int64 value that marks an empty slot (stored in a dedicated slot when it is a key)."""
 
-_MIX1 = np.uint64(0xFF51AFD7ED558CCD)
-_MIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-_SHIFT = np.uint64(33)
+# MurmurHash3's 64-bit finaliser (fmix64): shift, multiply, shift, multiply, shift. The one definition of
+# its constants; collective.embedding.key_init computes the same function with TensorFlow ops.
+FMIX64_SHIFT = 33
+FMIX64_MUL1 = 0xFF51AFD7ED558CCD
+FMIX64_MUL2 = 0xC4CEB9FE1A85EC53
+_MIX1 = np.uint64(FMIX64_MUL1)
+_MIX2 = np.uint64(FMIX64_MUL2)
+_SHIFT = np.uint64(FMIX64_SHIFT)
 
 
 def hash_slots(keys: np.ndarray, num_slots: int) -> np.ndarray:

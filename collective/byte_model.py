@@ -1,0 +1,35 @@
+"""What one worker sends per collective call: the one byte model of the wire.
+
+With ``N`` workers and ``S`` the bytes of the local input (an int, a numpy
+integer or an int64 tensor):
+
+=============  ==========================================================
+alltoall       the rows sent to other workers (exact, from the splits)
+allgather      ``S * (N - 1)``: every other worker gets the local rows
+allreduce      ``2 * S * (N - 1) / N``: ring reduce-scatter + allgather
+reducescatter  ``S * (N - 1) / N``
+broadcast      ``S * (N - 1)`` on the root, 0 elsewhere
+=============  ==========================================================
+
+``collective.comm`` counts every call with it; hooks and the benchmarks'
+projection use the same functions, so measured and projected bytes agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_FACTORS = {  # op -> (numerator, denominator) as functions of N
+    "allgather": (lambda n: n - 1, lambda n: 1),
+    "allreduce": (lambda n: 2 * (n - 1), lambda n: n),
+    "reducescatter": (lambda n: n - 1, lambda n: n),
+    "broadcast": (lambda n: n - 1, lambda n: 1),
+}
+
+
+def sent_bytes(op: str, nbytes: Any, world_size: int) -> Any:
+    """Bytes one worker sends for ``op`` on ``nbytes`` of local input (the root's share for ``broadcast``)."""
+    if op not in _FACTORS:
+        raise ValueError(f"no byte model for {op!r}; known: {', '.join(_FACTORS)} (alltoall counts its splits)")
+    numerator, denominator = _FACTORS[op]
+    return nbytes * numerator(world_size) // denominator(world_size)
