@@ -20,7 +20,7 @@ from workers import checkpoint_cases as cc
 
 # Several launches share one module fixture: on a loaded 2-core machine they outlast the default timeout.
 pytestmark = pytest.mark.timeout(2400)
-BACKENDS = ("hb", "sok")
+BACKENDS = ("hb", "sok", "replicated")
 # (world size, sources restored): writes with 1, 2, 3 workers and restores every (N, M) pair once.
 LAUNCHES = [(1, "reference", []), (2, "write", [1, 2]), (3, "write", [1, 2, 3]), (1, "nowrite", [1, 2, 3]),
             (2, "nowrite", [3])]
@@ -49,7 +49,7 @@ def test_checkpoint_holds_the_logical_tables(matrix, reference, backend, n):
 
 
 @pytest.mark.parametrize("backend, n, m", [("hb", n, m) for n in (1, 2, 3) for m in (1, 2, 3)]
-                         + [("sok", 2, 3), ("sok", 3, 2)])
+                         + [(b, n, m) for b in ("sok", "replicated") for n, m in ((2, 3), (3, 2))])
 def test_n_to_m_restore_continues_as_uninterrupted(matrix, reference, backend, n, m):
     cc.assert_checkpoint_equals(str(matrix / backend / f"from{n}to{m}" / "model.ckpt-3"), reference[3],
                                 f"written by {n}, restored by {m} workers")

@@ -81,6 +81,27 @@ def test_sparse_lookups_equal_numpy(sharded_run, combiner):
                                    combine(table, rows, ids, weights, len(dense), combiner), rtol=1e-5, atol=1e-6)
 
 
+def test_weights_get_their_gradient_through_the_exchange(sharded_run):
+    """d/dw of sum(probe * lookup_sparse(sum)) is each id's row dotted with its sample's probe row."""
+    _, n, res = sharded_run
+    table = cases.table_values(1)
+    for r in range(n):
+        dense, (rows, ids, _), _ = cases.local_batch(0, r, n)
+        expected = (table[ids] * cases.probe(len(dense))[rows]).sum(1)
+        np.testing.assert_allclose(res[r]["weights_grad"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_sums_at_or_below_zero_divide_as_tensorflow(sharded_run):
+    """mean: [1, -2] gives (v3 - 2 v5) / -1 (sign flipped), [1, -1] gives zeros (div_no_nan); sqrtn likewise."""
+    _, n, res = sharded_run
+    table = cases.table_values(1)
+    for r in range(n):
+        np.testing.assert_allclose(res[r]["signed_mean"][0], (table[3] - 2 * table[5]) / -1.0, rtol=1e-5)
+        np.testing.assert_allclose(res[r]["signed_mean"][1], np.zeros(cases.DIM), atol=1e-6)
+        np.testing.assert_allclose(res[r]["signed_sqrtn"][0], (table[3] - 2 * table[5]) / np.sqrt(5.0), rtol=1e-5)
+        np.testing.assert_allclose(res[r]["signed_sqrtn"][1], (table[7] - table[2]) / np.sqrt(2.0), rtol=1e-5)
+
+
 def test_safe_lookup_and_feature_column_equal_numpy(sharded_run):
     _, n, res = sharded_run
     for r in range(n):

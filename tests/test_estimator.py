@@ -18,8 +18,8 @@ import tensorflow as tf
 from launcher import load_rank_results, run_workers
 from workers import estimator_cases as cases
 
-# Both backends and 1, 2, 3 workers, without the full cross product (each launch costs ~20 s).
-RUNS = [("hb", 1), ("sok", 2), ("hb", 3)]
+# Every backend and 1, 2, 3 workers, without the full cross product (each launch costs ~20 s).
+RUNS = [("hb", 1), ("sok", 2), ("hb", 3), ("replicated", 2)]
 METRICS = ("loss", "auc", "accuracy", "mse")
 RATINGS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 

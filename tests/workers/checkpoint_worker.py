@@ -1,10 +1,10 @@
-"""Writes and restores checkpoints with collective.checkpoint.Saver: dense tables on both backends and a
+"""Writes and restores checkpoints with collective.checkpoint.Saver: dense tables on every backend and a
 hash-table vocabulary (sok), all in one launch.
 
 argv: base_dir write|nowrite|reference [source_world_size ...]
 - write: trains 2 steps on this world size's share of the global batches and
-  saves <base>/<case>/n<N>/model.ckpt-2 (case: hb, sok, sok-hash).
-- each source S (for sok's dense tables only S, N in SOK_DENSE_PAIRS): restores <base>/<case>/n<S>/model.ckpt-2 under this world
+  saves <base>/<case>/n<N>/model.ckpt-2 (case: hb, sok, replicated, sok-hash).
+- each source S (for sok's and replicated's dense tables only S, N in TWO_PAIRS): restores <base>/<case>/n<S>/model.ckpt-2 under this world
   size, trains step 2 and saves <base>/<case>/from<S>to<N>/model.ckpt-3.
 - reference: also trains the hash model 3 steps uninterrupted into <base>/sok-hash/uninterrupted.
 """
@@ -19,7 +19,8 @@ import embedding_cases as cases
 from collective import CollectiveStrategy
 from collective.checkpoint import Saver
 
-SOK_DENSE_PAIRS = {(2, 3), (3, 2)}
+# The on-disk layout does not depend on the backend: sok's and replicated's dense tables restore two pairs.
+TWO_PAIRS = {(2, 3), (3, 2)}
 base, mode, sources = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
 
 
@@ -45,6 +46,7 @@ def run(strategy, model, restore_from, steps, save_to):
 
 
 for case, backend, model in (("hb", "hb", dense_model), ("sok", "sok", dense_model),
+                             ("replicated", "replicated", dense_model),
                              ("sok-hash", "sok", checkpoint_cases.build_hash)):
     strategy = CollectiveStrategy(backend)
     n = strategy.world_size()
@@ -53,7 +55,7 @@ for case, backend, model in (("hb", "hb", dense_model), ("sok", "sok", dense_mod
     if mode == "reference" and case == "sok-hash":
         run(strategy, model, None, [0, 1, 2], os.path.join(base, case, "uninterrupted"))
     for source in sources:
-        if case == "sok" and (source, n) not in SOK_DENSE_PAIRS:
-            continue  # the layout does not depend on the backend: sok's dense tables restore two pairs
+        if case in ("sok", "replicated") and (source, n) not in TWO_PAIRS:
+            continue
         run(strategy, model, os.path.join(base, case, f"n{source}", "model.ckpt-2"), [2],
             os.path.join(base, case, f"from{source}to{n}"))

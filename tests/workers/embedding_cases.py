@@ -91,6 +91,15 @@ def build_training(optimizer_name: str, strategy=None):
     return loss, train_op, (t1, t2), (w, b), feed
 
 
+# Two samples: weights [1, -2] (sum -1) and [1, -1] (sum 0) on every worker.
+SIGNED = (np.array([0, 0, 1, 1]), np.array([3, 5, 7, 2]), np.array([1.0, -2.0, 1.0, -1.0], np.float32))
+
+
+def probe(batch: int) -> np.ndarray:
+    """A fixed [batch, DIM] upstream gradient."""
+    return (np.arange(batch * DIM, dtype=np.float32).reshape(batch, DIM) % 7 - 3) / 4
+
+
 def sparse_value(rows, values, batch):
     cols = np.zeros_like(rows)
     for i in range(1, rows.size):

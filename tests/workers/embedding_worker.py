@@ -36,6 +36,19 @@ def run(backend):
             for combiner in ("sum", "mean", "sqrtn"):
                 fetch[f"sparse_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, None, combiner=combiner)
                 fetch[f"weighted_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_ids, sp_w, combiner=combiner)
+            # The gradient with respect to the weights crosses the exchange (sok sends them as bits).
+            w_in = tf.constant(weights)
+            weighted = tf.nn.embedding_lookup_sparse(
+                table, sp_ids, tf.SparseTensor(sp_w.indices, w_in, sp_w.dense_shape), combiner="sum")
+            probe = tf.constant(cases.probe(len(dense)))
+            fetch["weights_grad"] = tf.gradients(tf.reduce_sum(weighted * probe), w_in)[0]
+            # Weight sums below and at zero: TensorFlow divides with div_no_nan (a sign flip, zeros).
+            signed_rows, signed_ids, signed_w = cases.SIGNED
+            sp_signed = tf.SparseTensor(*cases.sparse_value(signed_rows, signed_ids, 2))
+            sp_signed_w = tf.SparseTensor(*cases.sparse_value(signed_rows, signed_w, 2))
+            for combiner in ("mean", "sqrtn"):
+                fetch[f"signed_{combiner}"] = tf.nn.embedding_lookup_sparse(table, sp_signed, sp_signed_w,
+                                                                            combiner=combiner)
             # Rows 1 and 2 of the local batch lose their ids: safe lookup gives zeros there.
             keep = (rows != 1) & (rows != 2)
             sp_holes = tf.SparseTensor(*cases.sparse_value(rows[keep], ids[keep], len(dense)))
