@@ -9,18 +9,25 @@ local variable, an ordinary resource variable tagged with a
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from collective.embedding import key_init
 from collective.embedding.layout import ShardLayout
 
 SHARDED_COLLECTION = "collective_sharded_tables"
-# Rows generated per step when a random initialiser fills a shard: the
-# logical table is produced block by block on every worker, each keeping its
-# rows, so the same seed gives the same table whatever the world size.
-INIT_BLOCK_ROWS = 8192
+# Tables up to this logical size are initialised whole on every worker, each
+# keeping its rows: exactly the table one TensorFlow process would make, for
+# any initialiser and any world size. Larger ones give each row a value that
+# is a function of (row id, seed) (collective.embedding.key_init), so they
+# too are the same logical table whatever the world size (one process
+# included), without any worker holding the whole table.
+WHOLE_TABLE_INIT_BYTES = 256 << 20
+
+logger = logging.getLogger("collective.embedding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,21 +100,14 @@ def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType)
             return tf.constant(info.layout.local_part(constant), dtype=dtype)
         if constant.ndim == 0:
             return tf.fill([info.local_rows, info.dim], tf.constant(constant, dtype))
-    if not info.layout.sharded:
-        return tf.convert_to_tensor(_call_initializer(initializer, [info.vocab, info.dim], dtype,
-                                                      info.logical_shape), dtype)
-    block = min(INIT_BLOCK_ROWS, info.vocab)
-    blocks = -(-info.vocab // block)
-
-    def body(b, parts):
-        values = tf.convert_to_tensor(_call_initializer(initializer, [block, info.dim], dtype, info.logical_shape),
-                                      dtype)
-        rows = tf.cast(b, tf.int64) * block + tf.range(block, dtype=tf.int64)
-        keep = tf.logical_and(info.layout.owns(rows), rows < info.vocab)
-        return b + 1, parts.write(b, tf.boolean_mask(values, keep))
-
-    parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=tf.TensorShape([None, info.dim]))
-    _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts])
-    value = parts.concat()
-    value.set_shape([info.local_rows, info.dim])
-    return value
+    if info.vocab * info.dim * dtype.size > WHOLE_TABLE_INIT_BYTES:
+        try:
+            by_row = key_init.KeyInitializer(initializer, info.name, info.dim, info.vocab, dtype)
+        except TypeError:
+            logger.warning("table %s (%d x %d) is initialised whole on every worker: its initializer %r cannot "
+                           "give each row its own value", info.name, info.vocab, info.dim, initializer)
+        else:
+            return by_row(info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64)))
+    whole = tf.convert_to_tensor(_call_initializer(initializer, [info.vocab, info.dim], dtype, info.logical_shape),
+                                 dtype)
+    return info.layout.local_part(whole)
