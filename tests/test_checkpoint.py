@@ -66,6 +66,17 @@ def test_plain_tensorflow_saver_restores_the_checkpoint(matrix, reference):
         np.testing.assert_allclose(values[key], reference[2][key], rtol=2e-4, atol=1e-6, err_msg=key)
 
 
+def test_hb_monitored_training_session_resume_keeps_each_workers_hash_index(tmp_path):
+    """Regression: the hook that broadcasts rank 0's dense variables also broadcast every worker's hash-table
+    index, so a resumed worker re-inserted its keys over restored rows and the next checkpoint held keys twice."""
+    resumed, uninterrupted = tmp_path / "resumed", tmp_path / "uninterrupted"
+    run_workers("hb_mts_hash_resume.py", 2, [resumed, 2], timeout=400)
+    run_workers("hb_mts_hash_resume.py", 2, [resumed, 3], timeout=400)
+    run_workers("hb_mts_hash_resume.py", 2, [uninterrupted, 3], timeout=400)
+    assert tf.train.latest_checkpoint(str(resumed)) == str(resumed / "model.ckpt-3")
+    cc.assert_hash_checkpoints_equal(str(resumed / "model.ckpt-3"), str(uninterrupted / "model.ckpt-3"))
+
+
 def _events(directory: pathlib.Path):
     return sorted(directory.glob("events.out.tfevents.*"))
 

@@ -47,9 +47,12 @@ HASH_INDEX_STATE_COLLECTION = "collective_hash_index_state"
 """Graph collection of the index variables (keys, rows, size): per-worker state, not logical tables."""
 DEFAULT_LOAD_FACTOR = 0.5
 
-_MIX1 = 0xFF51AFD7ED558CCD
-_MIX2 = 0xC4CEB9FE1A85EC53
 _state = threading.local()
+
+
+def is_index_state(var) -> bool:
+    """Whether graph variable ``var`` is one of a hash table's per-worker index variables (keys, rows, size)."""
+    return any(v is var for v in tf.compat.v1.get_collection(HASH_INDEX_STATE_COLLECTION))
 
 
 # ---------------------------------------------------------------- lookup mode
@@ -86,13 +89,7 @@ def for_mode(mode: str):
 
 def home_slots(keys: tf.Tensor, num_slots: int) -> tf.Tensor:
     """Home slot of int64 ``keys``: :func:`collective.kernels.reference.hash_slots` in TensorFlow ops."""
-    k = tf.bitcast(keys, tf.uint64)
-    shift = tf.constant(33, tf.uint64)
-    k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
-    k = k * tf.constant(_MIX1, tf.uint64)
-    k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
-    k = k * tf.constant(_MIX2, tf.uint64)
-    k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
+    k = key_init.fmix64(tf.bitcast(keys, tf.uint64))
     return tf.cast(tf.bitwise.bitwise_and(k, tf.constant(num_slots - 1, tf.uint64)), tf.int64)
 
 

@@ -39,7 +39,8 @@ DEFAULT = ("uniform", -0.05, 0.05)  # SOK's default embedding initializer
 Spec = Tuple[str, object, object]
 
 
-def _fmix(k: tf.Tensor) -> tf.Tensor:
+def fmix64(k: tf.Tensor) -> tf.Tensor:
+    """MurmurHash3's 64-bit finaliser of uint64 ``k`` in TensorFlow ops (``collective.kernels.reference``'s)."""
     shift = tf.constant(FMIX64_SHIFT, tf.uint64)
     k = tf.bitwise.bitwise_xor(k, tf.bitwise.right_shift(k, shift))
     k = k * tf.constant(FMIX64_MUL1, tf.uint64)
@@ -58,9 +59,9 @@ def salt_of(seed, table_name: str) -> int:
 def uniform_bits(keys: tf.Tensor, dim: int, salt: int) -> tf.Tensor:
     """``[len(keys), dim]`` float64 in (0, 1), a function of (key, column, salt) only."""
     k = tf.bitcast(tf.cast(keys, tf.int64), tf.uint64)
-    h = _fmix(tf.bitwise.bitwise_xor(k, tf.constant(salt, tf.uint64)))
+    h = fmix64(tf.bitwise.bitwise_xor(k, tf.constant(salt, tf.uint64)))
     steps = tf.bitcast(tf.range(1, dim + 1, dtype=tf.int64), tf.uint64) * tf.constant(GOLDEN, tf.uint64)
-    bits = _fmix(h[:, None] + steps[None, :])
+    bits = fmix64(h[:, None] + steps[None, :])
     return (tf.cast(tf.bitwise.right_shift(bits, tf.constant(11, tf.uint64)), tf.float64) + 0.5) * 2.0 ** -53
 
 

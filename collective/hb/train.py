@@ -18,6 +18,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from collective import comm, context, training
+from collective.embedding import hash_table
 from collective.embedding.table import shard_of
 from collective.tf_internals import optimizer_lib, patches
 
@@ -121,16 +122,23 @@ def device_setter() -> str:
     return context.get().device
 
 
+def _same_on_every_worker(var) -> bool:
+    """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index."""
+    info = shard_of(var)
+    return (info is None or info.replicated) and not hash_table.is_index_state(var)
+
+
 class _BroadcastDenseVariablesHook(tf.compat.v1.train.SessionRunHook):
     """Sets every replicated global variable to rank 0's value once the session exists.
 
     Models built outside ``hb.scope()`` (as HybridBackend's recipes are)
-    create dense variables with each worker's own random initial values;
-    sharded tables are left alone.
+    create dense variables with each worker's own random initial values.
+    Sharded tables and each worker's own hash-table index (keys, rows,
+    size) are left alone: after a restore they hold that worker's keys.
     """
 
     def begin(self):
-        variables = [v for v in tf.compat.v1.global_variables() if shard_of(v) is None]
+        variables = [v for v in tf.compat.v1.global_variables() if _same_on_every_worker(v)]
         self._op = tf.group(*[v.assign(comm.broadcast(v.read_value(), 0, count=False)) for v in variables]) \
             if variables else tf.no_op()
 
