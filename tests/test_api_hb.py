@@ -237,3 +237,39 @@ def test_estimator_recipe_trains_evaluates_and_exports_like_one_process(tmp_path
             signature.inputs["a"].name: a[:7], sparse.indices_tensor_name: np.array([[i, 0] for i in range(7)]),
             sparse.values_tensor_name: c[:7], sparse.dense_shape_tensor_name: np.array([7, 1])})
     np.testing.assert_allclose(served[:, 0], logits[:7], rtol=1e-5, atol=1e-6)
+
+
+def test_unequal_shares_end_together_under_monitored_training_session(tmp_path):
+    """Regression: with 10 batches on rank 0 and 7 on rank 1, rank 1 left after 7 steps and rank 0 died.
+
+    Now every rank runs 10 steps; a rank without data contributes zero gradients, so each step trains like
+    one process on the mean of the per-worker losses, with an empty worker's loss taken as 0."""
+    from workers import uneven_cases as cases  # pylint: disable=import-outside-toplevel
+
+    run_workers("hb_uneven_mts.py", 2, [tmp_path])
+    res = load_rank_results(tmp_path, 2)
+    data = [cases.worker_data(r) for r in range(2)]
+    with tf.Graph().as_default():
+        parts = []
+        for r in range(2):
+            ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+            with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
+                loss, table, w = cases.model(ids, y)
+            parts.append((ids, y, loss))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(cases.LR)
+        both = opt.minimize((parts[0][2] + parts[1][2]) / 2)
+        alone = opt.minimize(parts[0][2] / 2)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for step in range(cases.batch_count(0)):
+                rows = slice(step * cases.BATCH, (step + 1) * cases.BATCH)
+                feed = {parts[0][0]: data[0][0][rows], parts[0][1]: data[0][1][rows]}
+                if step < cases.batch_count(1):
+                    feed.update({parts[1][0]: data[1][0][rows], parts[1][1]: data[1][1][rows]})
+                sess.run(both if step < cases.batch_count(1) else alone, feed)
+            expected_table, expected_w = sess.run([table, w])
+    for r in range(2):
+        assert int(res[r]["steps"]) == cases.batch_count(0)
+        np.testing.assert_allclose(res[r]["table"], expected_table[r::2], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[r]["w"], expected_w, rtol=1e-5, atol=1e-6)

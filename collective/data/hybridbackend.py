@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from collective import comm, sync
 from collective.data.files import FileSpec
 from collective.data.reader import parquet_dataset
 
@@ -39,9 +40,38 @@ def ParquetDataset(filenames: FileSpec, batch_size: int = 1, fields: Optional[Se
                            drop_remainder=drop_remainder, **kwargs)
 
 
+class SynchronisedIterator:
+    """A one-shot iterator over a batched dataset whose input ends on every worker at the same step.
+
+    After its last batch a worker gets batches with zero rows while others
+    still have data (its lookups keep serving theirs); ``get_next()`` raises
+    ``OutOfRangeError`` on every worker in the first step in which no worker
+    has data left (:mod:`collective.sync`), which ends
+    ``MonitoredTrainingSession`` loops together.
+    """
+
+    def __init__(self, ds: tf.data.Dataset):
+        spec = ds.element_spec
+        self._has_labels = isinstance(spec, tuple) and len(spec) == 2
+        self._iterator = tf.compat.v1.data.make_one_shot_iterator(sync.pad_with_empty_batches(ds))
+
+    def get_next(self, name: Optional[str] = None):
+        element = self._iterator.get_next(name=name)
+        features, labels = element if self._has_labels else (element, None)
+        step = sync.synchronise(features, labels)
+        return (step.features, step.labels) if self._has_labels else step.features
+
+
 def make_iterator(ds: tf.data.Dataset):
     """An iterator over ``ds``: a TF1 one-shot iterator in graph mode (``get_next()`` gives
-    tensors, nothing to initialise under ``MonitoredTrainingSession``), a Python iterator eagerly."""
+    tensors, nothing to initialise under ``MonitoredTrainingSession``), a Python iterator eagerly.
+
+    On several workers the graph-mode iterator is a :class:`SynchronisedIterator`, as HybridBackend's
+    data sync: workers with unequal shares stop at the same step instead of leaving the others inside
+    a collective.
+    """
     if tf.executing_eagerly():
         return iter(ds)
+    if comm.world_size() > 1:
+        return SynchronisedIterator(ds)
     return tf.compat.v1.data.make_one_shot_iterator(ds)
