@@ -60,8 +60,43 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
     return sharded.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean")
 
 
+def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
+                                 default_id=None, name=None, partition_strategy="div", max_norm=None,
+                                 allow_fast_lookup=False):
+    """``safe_embedding_lookup_sparse`` (v1; v2 and the embedding columns call it too).
+
+    On a hash-table vocabulary without ``default_id`` the empty rows give
+    zeros without a lookup: TensorFlow fills them with id 0 and zeroes the
+    result afterwards, and that lookup would insert a key 0 that no input holds.
+    """
+    table, info = _sharded(embedding_weights)
+    if table is None or info.hash_index is None or default_id is not None:
+        return patches.original(embedding_ops, "safe_embedding_lookup_sparse")(
+            embedding_weights, sparse_ids, sparse_weights=sparse_weights, combiner=combiner, default_id=default_id,
+            name=name, partition_strategy=partition_strategy, max_norm=max_norm, allow_fast_lookup=allow_fast_lookup)
+    if max_norm is not None:
+        raise ValueError(f"max_norm is not supported for the sharded table '{info.name}'; clip the combined "
+                         "vectors instead")
+    with tf.name_scope(name or "embedding_lookup"):
+        shape = tf.cast(sparse_ids.dense_shape, tf.int64)
+        rows = tf.reduce_prod(shape[:-1])
+        ids = tf.sparse.reshape(sparse_ids, tf.stack([rows, shape[-1]]))
+        keep = ids.values >= 0  # TensorFlow prunes negative ids, then (but for sum) weights <= 0
+        if sparse_weights is not None and combiner != "sum":
+            keep = tf.logical_and(keep, sparse_weights.values > 0)
+        weights = None if sparse_weights is None else tf.boolean_mask(sparse_weights.values, keep)
+        request = sharded.Request(table, info, tf.boolean_mask(ids.values, keep),
+                                  tf.boolean_mask(ids.indices[:, 0], keep), weights, combiner or "mean", rows)
+        combined = coalescing.defer(request) if coalescing.can_defer() else sharded.run([request])[0]
+        return tf.reshape(combined, tf.concat([shape[:-1], [info.dim]], axis=0))
+
+
 patches.register(embedding_ops, "embedding_lookup", embedding_lookup,
                  "lookups on sharded tables go through the exchange")
 patches.register(tf.compat.v1.nn, "embedding_lookup", embedding_lookup, "the same, under its public v1 name")
+patches.register(embedding_ops, "safe_embedding_lookup_sparse", safe_embedding_lookup_sparse,
+                 "on hash-table vocabularies empty rows give zeros without inserting a filler key 0")
+patches.register(tf.compat.v1.nn, "safe_embedding_lookup_sparse", safe_embedding_lookup_sparse,
+                 "the same, under its public v1 name")
 patches.register(embedding_ops, "embedding_lookup_sparse_impl", embedding_lookup_sparse_impl,
                  "combined lookups (embedding_lookup_sparse, the safe_ variant, feature columns) likewise")

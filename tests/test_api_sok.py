@@ -179,3 +179,34 @@ def test_hash_table_layer_checkpoint_round_trip(tmp_path):
     tf.train.Checkpoint(layer=fresh).restore(path).assert_existing_objects_matched()
     np.testing.assert_array_equal(fresh(keys, training=False).numpy(), trained)
     assert int(fresh.hash_size.numpy()) == 3
+
+
+TF1_LAYERS = """
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+import collective.sok as sok
+keys = tf.constant(np.array([[[3]], [[8]]], np.int64))
+sparse = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 8], tf.int64), [2, 1])
+for hashed in (False, True):
+    dense = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=16, embedding_vec_size=4, slot_num=1,
+                                      nnz_per_slot=1, use_hashtable=hashed)
+    pooled = sok.DistributedEmbedding(combiner="sum", max_vocabulary_size_per_gpu=16, embedding_vec_size=4,
+                                      slot_num=1, max_nnz=1, use_hashtable=hashed)
+    outputs = [dense(keys), pooled(sparse)]
+    assert dense.embedding_variable.dtype.base_dtype == tf.float32, dense.embedding_variable.dtype
+    assert pooled.embedding_variable.dtype.base_dtype == tf.float32, pooled.embedding_variable.dtype
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got = sess.run(outputs)
+    assert got[0].dtype == np.float32 and got[0].shape == (2, 1, 1, 4) and got[1].shape == (2, 1, 4)
+print("ok")
+"""
+
+
+def test_sok_layers_build_float32_tables_under_tf1_behaviour():
+    """Regression: under disable_v2_behavior() the layers took their int64 keys' dtype for the table."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    proc = subprocess.run([sys.executable, "-c", TF1_LAYERS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]

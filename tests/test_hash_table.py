@@ -114,6 +114,56 @@ def test_export_form_serves_keys_through_the_exchange():
     np.testing.assert_array_equal(got_pooled, [values[1] / 2, np.zeros(4)])
 
 
+@pytest.mark.parametrize("lookup", ["v1", "v2", "embedding_column"])
+def test_safe_lookup_leaves_empty_rows_out_of_the_vocabulary(lookup):
+    """Regression: TensorFlow fills empty rows with id 0 before the lookup, which inserted key 0."""
+    from collective import CollectiveStrategy, hash_embedding_column  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    # Sample 1 is empty, sample 2 holds only a negative key (pruned, as TensorFlow does): both give zeros.
+    with strategy.scope(), tf.Graph().as_default():
+        sp_ids = tf.SparseTensor([[0, 0], [0, 1], [2, 0], [3, 0]], tf.constant([7, 9, -4, 5], tf.int64), [4, 2])
+        if lookup == "embedding_column":
+            column = tf.feature_column.embedding_column(
+                hash_embedding_column.categorical_column_with_embedding("item", dtype=tf.int64), 4,
+                combiner="sum", initializer=tf.compat.v1.random_uniform_initializer(-1, 1, seed=1))
+            with strategy.embedding_scope():
+                out = tf.compat.v1.feature_column.input_layer({"item": sp_ids}, [column])
+            var = [v for v in tf.compat.v1.global_variables() if hash_table.table_of(v) is not None][0]
+        else:
+            with tf.compat.v1.variable_scope("sok"):
+                var = hash_table.hash_embedding_variable("items", 4, capacity_per_worker=10)
+            v1, v2 = tf.compat.v1.nn.safe_embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse
+            out = (v1 if lookup == "v1" else v2)(var, sp_ids, combiner="sum")
+        keys, _ = hash_table.table_of(var).entries()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            got = sess.run(out)
+            held = sorted(sess.run(keys).tolist())
+            values = dict(zip(held, sess.run(tf.nn.embedding_lookup(var, tf.constant(held, tf.int64)))))
+    assert held == [5, 7, 9]
+    np.testing.assert_allclose(got, [values[7] + values[9], np.zeros(4), np.zeros(4), values[5]], rtol=1e-6)
+
+
+def test_sok_hash_layer_builds_in_an_export_graph():
+    """Regression: a SOK hash-table layer built for export raised "'ExportedTable' has no attribute 'variables'"."""
+    from collective import modes, sok  # pylint: disable=import-outside-toplevel
+
+    values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with tf.Graph().as_default(), modes.exporting({"items/embedding_variables": 2}):
+        layer = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=10, embedding_vec_size=4, slot_num=1,
+                                          nnz_per_slot=1, use_hashtable=True, name="items")
+        vectors = layer(tf.constant([[[7]], [[3]]], tf.int64), training=False)
+        [(name, index)] = tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)
+        assert name == "items/embedding_variables" and not hasattr(layer, "hash_keys")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([index.insert(tf.constant([7], tf.int64), tf.constant([1], tf.int64)),
+                      layer.embedding_variable.assign(values)])
+            got = sess.run(vectors)
+    np.testing.assert_array_equal(got.reshape(2, 4), [values[1], np.zeros(4)])
+
+
 # ---------------------------------------------------------------- first vectors
 
 def _first_vectors(initializer, keys, dim=4, capacity=100, name="t"):

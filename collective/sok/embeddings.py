@@ -58,6 +58,9 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                  use_hashtable: bool, key_dtype, embedding_initializer, **kwargs):
         kind = type(self).__name__
         refuse_tf_distribute(f"sok.{kind}")
+        # The table's dtype is Keras' floatx unless given: a TF1 Keras layer would otherwise take the dtype of
+        # its first input, the int64 keys.
+        kwargs.setdefault("dtype", tf.keras.backend.floatx())
         super().__init__(**kwargs)
         comm.init()
         self.max_vocabulary_size_per_gpu = _positive(kind, "max_vocabulary_size_per_gpu",
@@ -87,8 +90,10 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                                                              self.max_vocabulary_size_per_gpu, self.initializer,
                                                              dtype=self.dtype, key_dtype=self.key_dtype)
             self._trainable_weights.append(var)
-            # As attributes, so Keras lists them as non-trainable weights and tf.train.Checkpoint saves them.
-            self.hash_keys, self.hash_rows, self.hash_size = hash_table.table_of(var).variables
+            index = hash_table.table_of(var)
+            if isinstance(index, hash_table.HashTable):  # not in an export graph, where it is a lookup table
+                # As attributes, so Keras lists them as non-trainable weights and tf.train.Checkpoint saves them.
+                self.hash_keys, self.hash_rows, self.hash_size = index.variables
         else:
             info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
                              world_size=ctx.world_size)
