@@ -191,7 +191,7 @@ class CollectiveEstimator:
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
-        with self._strategy.scope(), _rank0_outputs(), patches.applied(_LOSS_METRIC_PATCH):
+        with self._strategy.scope(), _rank0_outputs(), patches.applied(_LOSS_METRIC_PATCH), _every_worker_calls():
             yield
 
     def _input_fn(self, input_fn: Callable) -> Callable:
@@ -291,6 +291,25 @@ class _Estimator(tf.compat.v1.estimator.Estimator):
         step = super()._create_and_assert_global_step(graph)
         session_lib.ensure_global_step_read(graph)
         return step
+
+
+class WorkersNotInStepError(RuntimeError):
+    """A collective Estimator call ran on some workers only."""
+
+
+@contextlib.contextmanager
+def _every_worker_calls() -> Iterator[None]:
+    """Turns Horovod's "has been shut down" into what went wrong: a call made on some workers only."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        if "shut down" not in str(err):
+            raise
+        raise WorkersNotInStepError(
+            f"rank {comm.rank()}: the other workers left while this one was in a collective Estimator call. train, "
+            "evaluate and predict look up sharded tables together: call them on every worker (each with its own "
+            "input; predict yields each worker's own predictions). To predict in one process, export a SavedModel "
+            "(export_saved_model, on every worker) and load it with plain TensorFlow.") from err
 
 
 def _checkpoint_saver(config) -> checkpoint.Saver:

@@ -33,6 +33,11 @@ def run(request, tmp_path_factory):
 
 
 def logical_table(results, prefix, n):
+    """The logical table from every worker's rows (each worker holds all of it under ``replicated``)."""
+    if results[0][f"{prefix}/table"].shape == cases.TABLE.shape:
+        for r in range(1, n):
+            np.testing.assert_array_equal(results[r][f"{prefix}/table"], results[0][f"{prefix}/table"])
+        return results[0][f"{prefix}/table"]
     table = np.zeros_like(cases.TABLE)
     for r in range(n):
         table[r::n] = results[r][f"{prefix}/table"]
@@ -161,3 +166,11 @@ def test_reference_estimator_example_export_serves(reference_example):
         logits = sess.run(signature.outputs["logits"].name, feed)
     assert logits.shape == (5, 32) and np.isfinite(logits).all()
     np.testing.assert_array_equal(logits[4], 0.0)  # unseen keys embed as zeros in inference
+
+
+def test_predict_on_one_worker_says_every_worker_must_call_it(tmp_path):
+    """Regression: predict on rank 0 alone ended with Horovod's bare "has been shut down"."""
+    proc = run_workers("estimator_predict_alone.py", 2, [tmp_path / "model"], check=False, timeout=400)
+    assert proc.returncode != 0
+    assert "WorkersNotInStepError" in proc.stderr + proc.stdout, (proc.stdout[-3000:], proc.stderr[-5000:])
+    assert "call them on every worker" in proc.stderr + proc.stdout
