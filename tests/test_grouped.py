@@ -42,6 +42,18 @@ def test_grouped_lookups_equal_numpy_and_the_per_table_path(grouped_run):
             np.testing.assert_array_equal(res[r][f"grouped_shard_{i}"], held(full, backend, r, n))
 
 
+def test_weights_get_their_gradient_through_grouped_and_single_lookups(grouped_run):
+    """Regression: the grouped sok exchange sent the weights as bits in its allgather and gave them no gradient."""
+    _, n, res = grouped_run
+    for r in range(n):
+        features, _ = cases.local_batch(0, r, n)
+        expected = cases.reference_weight_gradients(features, cases.BATCH // n)
+        assert sorted(expected) == [1, 2]
+        for i, grad in expected.items():
+            np.testing.assert_allclose(res[r][f"grouped_wgrad_{i}"], grad, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(res[r][f"ungrouped_wgrad_{i}"], grad, rtol=1e-5, atol=1e-6)
+
+
 def test_pad_to_batch_gives_every_sample_a_row(grouped_run):
     _, n, res = grouped_run
     batch = cases.BATCH // n

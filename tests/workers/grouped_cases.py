@@ -94,6 +94,25 @@ def lookups(tables, ids, weights, group_lookup=None):
     return [tf.nn.embedding_lookup_sparse(t, i, w, combiner=c) for t, i, w, c in zip(tables, ids, weights, combiners)]
 
 
+def weight_gradients(outputs, weights):
+    """Gradients of a fixed function of ``outputs`` with respect to each weighted table's weight values."""
+    probe = [tf.reshape(tf.cos(tf.cast(tf.range(tf.size(o)), o.dtype)), tf.shape(o)) for o in outputs]
+    objective = tf.add_n([tf.reduce_sum(o * p) for o, p in zip(outputs, probe)])
+    weighted = [w.values for w in weights if w is not None]
+    return dict(zip([i for i, w in enumerate(weights) if w is not None], tf.gradients(objective, weighted)))
+
+
+def reference_weight_gradients(features, batch):
+    """:func:`weight_gradients` in one plain TensorFlow process on whole tables."""
+    with tf.Graph().as_default():
+        tables = make_tables()
+        ids, weights = placeholders()
+        grads = weight_gradients(lookups(tables, ids, weights), weights)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return sess.run(grads, feed_dict(ids, weights, features, batch))
+
+
 def train(batches, strategy=None, group_lookup=None):
     """Adagrad on a small head over all tables; returns losses, tables, head weights."""
     with tf.Graph().as_default():

@@ -39,12 +39,16 @@ def run(backend):
                 counter = comm.bytes_counter()
                 for op_type, count in columns_cases.collective_ops(graph).items():
                     results[f"{label}_ops_{op_type}"] = count
+                weight_grads = cases.weight_gradients(outputs, weights)  # built after counting the forward's ops
                 with tf.compat.v1.Session() as sess:
                     sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
                     values = sess.run(outputs, cases.feed_dict(ids, weights, features, cases.BATCH // n))
                     results[f"{label}_bytes"] = sess.run(counter)
                     for i, value in enumerate(values):
                         results[f"{label}_{i}"] = value
+                    feed = cases.feed_dict(ids, weights, features, cases.BATCH // n)
+                    for i, value in sess.run(weight_grads, feed).items():
+                        results[f"{label}_wgrad_{i}"] = value
                     for i, table in enumerate(sess.run(tables)):
                         results[f"{label}_shard_{i}"] = table
 
