@@ -13,7 +13,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "collective"
 SEAM = REPO / PACKAGE / "tf_internals"
-CHECKED_TREES = ("collective", "modelzoo", "benchmarks", "datasets")
+CHECKED_TREES = ("collective", "modelzoo", "benchmarks", "datasets", "tests")
 PRIVATE_PREFIXES = ("tensorflow.python", "keras.src", "tensorflow_estimator.python")
 
 

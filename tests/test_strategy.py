@@ -48,11 +48,10 @@ def test_unknown_backend_lists_the_choices():
 
 def test_scope_restores_tensorflow_exactly():
     import tensorflow as tf
-    from tensorflow.python.ops import embedding_ops, variable_v1, variables
-    from tensorflow.python.training import optimizer
 
     from collective import CollectiveStrategy
-    from collective.tf_internals import patches
+    from collective.tf_internals import embedding_ops, patches, variable_v1, variables
+    from collective.tf_internals import optimizer_lib as optimizer
 
     watched = [(embedding_ops, "embedding_lookup"), (embedding_ops, "embedding_lookup_sparse_impl"),
                (tf.compat.v1.nn, "embedding_lookup"), (variable_v1, "default_variable_creator"),
