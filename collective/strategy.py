@@ -159,11 +159,14 @@ def _sharding_creator(ctx: context.Context, replicate_below_bytes: int):
         shape = kwargs.get("shape")
         if shape is None and isinstance(initial_value, functools.partial) and len(initial_value.args) >= 1:
             shape = initial_value.args[0]
-        dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32).base_dtype
-        static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
         if (getattr(_getter_state, "active", False) or kwargs.get("trainable") is False
                 or initial_value is None or kwargs.get("variable_def") is not None):
             return next_creator(**kwargs)
+        if shape is None and not callable(initial_value):
+            initial_value = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
+            shape = initial_value.shape  # tf.Variable(<a whole table>): a pretrained table
+        dtype = tf.as_dtype(kwargs.get("dtype") or getattr(initial_value, "dtype", None) or tf.float32).base_dtype
+        static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
         info = _table_info(ctx, kwargs.get("name") or "embedding", static, dtype, replicate_below_bytes)
         if info is None:
             return next_creator(**kwargs)
@@ -197,6 +200,8 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
             return _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs)
 
     def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
+        if shape is None and initializer is not None and not callable(initializer):
+            return _get_from_value(getter, name, dtype, initializer, partitioner, kwargs)
         dtype = tf.as_dtype(dtype or tf.float32)
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
         info = _table_info(ctx, name, static, dtype, replicate_below_bytes)
@@ -212,6 +217,18 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
         with creating_shard(info):
             var = getter(name, shape=[info.local_rows, info.dim], dtype=dtype,
                               initializer=local_initializer, partitioner=None, **kwargs)
+        return tag(var, info)
+
+    def _get_from_value(getter, name, dtype, initializer, partitioner, kwargs):
+        """``get_variable(name, initializer=<a whole table as a tensor or array>)``: a pretrained table."""
+        value = tf.convert_to_tensor(initializer, dtype=dtype)
+        info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
+        if info is None:
+            return getter(name, shape=None, dtype=dtype, initializer=initializer, partitioner=partitioner, **kwargs)
+        kwargs["use_resource"] = True
+        with creating_shard(info):
+            var = getter(name, shape=None, dtype=dtype, initializer=info.layout.local_part(value), partitioner=None,
+                         **kwargs)
         return tag(var, info)
 
     return sharding_getter

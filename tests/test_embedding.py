@@ -59,6 +59,17 @@ def test_each_worker_holds_its_rows_only(sharded_run):
         np.testing.assert_array_equal(res[r]["table_shard"], held(full, backend, r, n))
 
 
+@pytest.mark.parametrize("key, seed", [("pretrained_v1", 3), ("pretrained_v2", 4)])
+def test_pretrained_tables_are_sharded(sharded_run, key, seed):
+    """Regression: get_variable(name, initializer=<a whole table>) was silently replicated and broadcast."""
+    backend, n, res = sharded_run
+    full = cases.table_values(seed)
+    for r in range(n):
+        dense, _, _ = cases.local_batch(0, r, n)
+        np.testing.assert_array_equal(res[r][f"{key}_shard"], held(full, backend, r, n))
+        np.testing.assert_allclose(res[r][f"{key}_dense"], full[dense], rtol=1e-6)
+
+
 def test_dense_lookups_equal_numpy(sharded_run):
     _, n, res = sharded_run
     table = cases.table_values(1)

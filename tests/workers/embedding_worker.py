@@ -29,6 +29,11 @@ def run(backend):
                     "table", [cases.VOCAB, cases.DIM],
                     initializer=tf.compat.v1.constant_initializer(cases.table_values(1)),
                     partitioner=tf.compat.v1.fixed_size_partitioner(n))
+            # Pretrained tables: the whole table given as a tensor (TF1) or an array (tf.Variable).
+            with strategy.embedding_scope():
+                pretrained = {"pretrained_v1": tf.compat.v1.get_variable(
+                                  "pretrained_v1", initializer=tf.constant(cases.table_values(3))),
+                              "pretrained_v2": tf.Variable(cases.table_values(4), name="pretrained_v2")}
             sp_ids = tf.SparseTensor(*cases.sparse_value(rows, ids, len(dense)))
             sp_w = tf.SparseTensor(*cases.sparse_value(rows, weights, len(dense)))
             fetch = {"dense": tf.nn.embedding_lookup(table, dense),
@@ -62,6 +67,9 @@ def run(backend):
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
                 results.update(sess.run(fetch))
                 results["table_shard"] = sess.run(table)
+                for key, var in pretrained.items():
+                    results[f"{key}_shard"] = sess.run(var)
+                    results[f"{key}_dense"] = sess.run(tf.nn.embedding_lookup(var, dense))
 
         # Training parity.
         batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
