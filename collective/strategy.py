@@ -200,6 +200,9 @@ def _sharding_getter(ctx: context.Context, replicate_below_bytes: int):
             return _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs)
 
     def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
+        if kwargs.get("trainable") is False:  # optimizer slots (laid out as their table already), step counters
+            return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
+                          **kwargs)
         if shape is None and initializer is not None and not callable(initializer):
             return _get_from_value(getter, name, dtype, initializer, partitioner, kwargs)
         dtype = tf.as_dtype(dtype or tf.float32)

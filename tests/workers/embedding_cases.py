@@ -11,7 +11,8 @@ import numpy as np
 import tensorflow as tf
 
 VOCAB, DIM, BATCH, STEPS = 23, 4, 12, 3
-OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl", "UserSubclass")
+# "AdamInScope": Adam whose minimize runs inside embedding_scope (its slots must not be sharded again).
+OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl", "UserSubclass", "AdamInScope")
 
 
 def table_values(seed: int) -> np.ndarray:
@@ -41,6 +42,7 @@ def local_batch(step: int, rank: int, size: int):
 
 
 def make_optimizer(name: str):
+    name = name[:-len("InScope")] if name.endswith("InScope") else name
     if name == "GradientDescent":
         return tf.compat.v1.train.GradientDescentOptimizer(0.5)
     if name == "Momentum":
@@ -81,7 +83,10 @@ def build_training(optimizer_name: str, strategy=None):
     b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
     logits = tf.matmul(tf.nn.relu(tf.concat([e1, e2], 1)), w) + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    train_op = make_optimizer(optimizer_name).minimize(loss)
+    in_scope = strategy.embedding_scope() if strategy is not None and optimizer_name.endswith("InScope") \
+        else contextlib.nullcontext()
+    with in_scope:
+        train_op = make_optimizer(optimizer_name).minimize(loss)
 
     def feed(batch):
         dense, (rows, ids, weights), lab = batch
