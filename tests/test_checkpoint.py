@@ -77,6 +77,28 @@ def test_hb_monitored_training_session_resume_keeps_each_workers_hash_index(tmp_
     cc.assert_hash_checkpoints_equal(str(resumed / "model.ckpt-3"), str(uninterrupted / "model.ckpt-3"))
 
 
+def test_saver_keeps_the_names_a_var_list_dict_gives_sharded_tables(tmp_path):
+    """Regression: Saver(var_list={name: var}) saved sharded tables under their variable names instead."""
+    values = np.arange(12, dtype=np.float32).reshape(6, 2)
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("table", [6, 2], initializer=tf.compat.v1.constant_initializer(values))
+        dense = tf.compat.v1.get_variable("dense", [2], initializer=tf.compat.v1.ones_initializer())
+        saver = Saver(var_list={"model/embedding": table, "model/dense": dense})
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            path = saver.save(sess, str(tmp_path / "model.ckpt"))
+            sess.run(table.assign(tf.zeros_like(table)))
+            saver.restore(sess, path)
+            restored = sess.run(table)
+    reader = tf.compat.v1.train.NewCheckpointReader(path)
+    assert {"model/embedding", "model/dense"} <= set(reader.get_variable_to_shape_map())
+    assert "table" not in reader.get_variable_to_shape_map()
+    np.testing.assert_array_equal(reader.get_tensor("model/embedding"), values)
+    np.testing.assert_array_equal(restored, values)
+
+
 def _events(directory: pathlib.Path):
     return sorted(directory.glob("events.out.tfevents.*"))
 

@@ -1,8 +1,9 @@
 """How a sharded table's rows move between its in-memory and on-disk layouts.
 
 In memory each worker holds the rows its table's
-:class:`~collective.embedding.layout.ShardLayout` gives it. On disk a table is one ``[vocab, dim]`` tensor stored as ``N``
-contiguous row blocks, block ``s`` written by worker ``s`` as a slice: rows
+:class:`~collective.embedding.layout.ShardLayout` gives it. On disk a table
+is one ``[vocab, dim]`` tensor stored as ``N`` contiguous row blocks, block
+``s`` written by worker ``s`` as a slice: rows
 ``[vocab * s // N, vocab * (s + 1) // N)``. Saving re-lays the rows with one
 alltoall (each worker then holds only its block); restoring under ``M``
 workers reads the stored blocks one at a time and keeps the rows its

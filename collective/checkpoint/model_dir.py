@@ -29,22 +29,37 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint does not hold the variables of the model being built."""
 
 
-def checkpoint_key(var) -> str:
-    """The name a variable is saved under (what ``tf.compat.v1.train.Saver`` uses)."""
+def checkpoint_key(var, names: Optional[Mapping[int, str]] = None) -> str:
+    """The name a variable is saved under: its key in a ``{name: variable}`` var_list (``names``, by ``id``),
+    else what ``tf.compat.v1.train.Saver`` uses."""
+    if names and id(var) in names:
+        return names[id(var)]
     return var.op.name if hasattr(var, "op") else var.name
+
+
+def sharded_names(var_list) -> Dict[int, str]:
+    """The names a ``{name: variable}`` var_list gives its sharded tables (by ``id``); empty for a list."""
+    if not isinstance(var_list, Mapping):
+        return {}
+    renamed_hash = [name for name, var in var_list.items() if shard_of(var) is not None
+                    and shard_of(var).hash_index is not None and name != checkpoint_key(var)]
+    if renamed_hash:
+        raise ValueError(f"checkpoint names other than the variable's are not supported for hash-table vocabularies "
+                         f"({', '.join(sorted(renamed_hash))}); save them under their own names")
+    return {id(var): name for name, var in var_list.items() if shard_of(var) is not None}
 
 
 def _slice_full_shape(slice_spec: str) -> Shape:
     return tuple(int(d) for d in slice_spec.split(" ")[:-1])
 
 
-def model_shapes(sharded: Iterable, saveables: Iterable) -> Dict[str, Shape]:
+def model_shapes(sharded: Iterable, saveables: Iterable, names: Optional[Mapping[int, str]] = None) -> Dict[str, Shape]:
     """Logical shape of every key the model saves; ``None`` marks a size only the checkpoint knows."""
     shapes: Dict[str, Shape] = {}
     for var in sharded:
         info = shard_of(var)
         rows = None if info.hash_index is not None else info.vocab
-        shapes[checkpoint_key(var)] = (rows, info.dim)
+        shapes[checkpoint_key(var, names)] = (rows, info.dim)
     for saveable in saveables:
         for spec in saveable.specs:
             if spec.slice_spec:
@@ -137,5 +152,5 @@ def check_model_dir(model_dir: str, var_list=None) -> Optional[str]:
         var_list = all_saveable_objects()
     if var_list:
         sharded, saveables = split_var_list(var_list)
-        check_shapes(model_shapes(sharded, saveables), latest)
+        check_shapes(model_shapes(sharded, saveables, sharded_names(var_list)), latest)
     return latest

@@ -34,7 +34,7 @@ from tensorflow.core.protobuf import saver_pb2
 
 from collective import comm
 from collective.checkpoint import hash_tables, layout
-from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, split_var_list
+from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of
 from collective.tf_internals import checkpoint_management, compat, io_ops, saver_lib, training_util
 
@@ -89,6 +89,7 @@ class Saver(saver_lib.Saver):
             return
         self._is_built = True
         sharded, saveables = split_var_list(self._var_list)
+        self._names = sharded_names(self._var_list)
         if not sharded and not saveables:
             if self._allow_empty:
                 self._is_empty = True
@@ -98,7 +99,7 @@ class Saver(saver_lib.Saver):
         self._families = hash_tables.families(sharded)
         self._sharded_vars = [v for v in sharded if shard_of(v).hash_index is None]
         self._saveables = saveables
-        self._expected_shapes = model_shapes(sharded, saveables)
+        self._expected_shapes = model_shapes(sharded, saveables, self._names)
         for family in self._families:
             self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
         with tf.name_scope(self._name or "collective_save"):
@@ -119,7 +120,7 @@ class Saver(saver_lib.Saver):
             info = shard_of(var)
             bounds = layout.block_bounds(info.vocab, info.world_size)
             lo, hi = bounds[info.rank], bounds[info.rank + 1]
-            names.append(checkpoint_key(var))
+            names.append(checkpoint_key(var, self._names))
             specs.append(f"{info.vocab} {info.dim} {lo},{hi - lo}:-")
             tensors.append(layout.contiguous_block(var.read_value(), info))
         self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
@@ -133,7 +134,7 @@ class Saver(saver_lib.Saver):
                 rep_tensors.append(spec.tensor)
         for var in sharded:
             info = shard_of(var)
-            rep_names.append(row_splits_key(checkpoint_key(var)))
+            rep_names.append(row_splits_key(checkpoint_key(var, self._names)))
             rep_specs.append("")
             rep_tensors.append(tf.constant(layout.block_bounds(info.vocab, info.world_size), tf.int64))
         for family in self._families:
@@ -156,7 +157,7 @@ class Saver(saver_lib.Saver):
         # One tensor at a time: a worker holds its shards plus one stored block at most.
         for var in sharded:
             info = shard_of(var)
-            key = checkpoint_key(var)
+            key = checkpoint_key(var, self._names)
             splits = tf.compat.v1.placeholder_with_default(
                 tf.constant([0, info.vocab], tf.int64), [None], name="row_splits")
             self._row_splits[key] = splits
