@@ -32,6 +32,7 @@ def _clip(vectors: tf.Tensor, max_norm) -> tf.Tensor:
     return vectors if max_norm is None else tf.clip_by_norm(vectors, max_norm, axes=[-1])
 
 
+@tf.autograph.experimental.do_not_convert
 def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None):
     """``tf.compat.v1.nn.embedding_lookup`` (and, through it, the v2 name)."""
     table, info = _sharded(params)
@@ -43,6 +44,7 @@ def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_
         return _clip(sharded.lookup(table, info, ids), max_norm)
 
 
+@tf.autograph.experimental.do_not_convert
 def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner, ignore_weights, max_norm,
                                  allow_fast_lookup, partition_strategy, name):
     """The shared body of ``embedding_lookup_sparse`` and ``safe_embedding_lookup_sparse``."""
@@ -60,6 +62,7 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
     return sharded.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean")
 
 
+@tf.autograph.experimental.do_not_convert
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None, combiner="mean",
                                  default_id=None, name=None, partition_strategy="div", max_norm=None,
                                  allow_fast_lookup=False):

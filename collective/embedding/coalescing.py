@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional, Tuple
 import tensorflow as tf
 
 from collective.embedding.lookup import Request, run
-from collective.tf_internals import func_graph
+from collective.tf_internals import control_flow_context, func_graph
 
 _state = threading.local()
 
@@ -35,7 +35,7 @@ def can_defer() -> bool:
         return False
     graph = tf.compat.v1.get_default_graph()
     # A function body keeps even an unused placeholder: only plain graphs defer.
-    return not isinstance(graph, func_graph.FuncGraph) and graph._get_control_flow_context() is None  # pylint: disable=protected-access
+    return not isinstance(graph, func_graph.FuncGraph) and control_flow_context(graph) is None
 
 
 def defer(request: Request) -> tf.Tensor:

@@ -39,6 +39,7 @@ from collective.embedding import key_init
 from collective.embedding.table import ShardInfo, shard_of, tag
 from collective.kernels.reference import EMPTY_KEY
 from collective.kernels.validation import check_table_shape
+from collective.tf_internals import control_flow_context
 from collective.training import creating_shard
 
 HASH_TABLES_COLLECTION = "collective_hash_tables"
@@ -293,7 +294,7 @@ class HashTable:
 
 
 def _control_flow_context():
-    return tf.compat.v1.get_default_graph()._get_control_flow_context()  # pylint: disable=protected-access
+    return control_flow_context(tf.compat.v1.get_default_graph())
 
 
 def _op_name(name: str) -> str:

@@ -53,6 +53,9 @@ def exchange_for(p: Prepared, backend: str) -> Exchange:
     return exchanges.get(SHARDED_FALLBACK if backend == "replicated" else backend)
 
 
+# Lookups build graph ops in plain Python: when a Keras layer or tf.function calls in, AutoGraph must not
+# rewrite them (in a long test run its cache of converted dataclass constructors mixed up two classes).
+@tf.autograph.experimental.do_not_convert
 def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.Tensor]:
     """Each request's result, with one exchange per group of compatible requests."""
     backend = backend or current()
@@ -71,17 +74,20 @@ def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.T
     return outputs
 
 
+@tf.autograph.experimental.do_not_convert
 def lookup(table: tf.Variable, info: ShardInfo, ids: tf.Tensor, backend: Optional[str] = None) -> tf.Tensor:
     """``tf.nn.embedding_lookup`` on a sharded table: vectors of shape ``ids.shape + [dim]``."""
     return run([Request(table, info, tf.convert_to_tensor(ids))], backend)[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def lookup_sparse(table: tf.Variable, info: ShardInfo, ids: tf.Tensor, segments: tf.Tensor,
                   weights: Optional[tf.Tensor], combiner: str, backend: Optional[str] = None) -> tf.Tensor:
     """Combined vectors per segment (sample): ``[max(segments) + 1, dim]``, as TensorFlow's own lookup."""
     return run([Request(table, info, ids, segments, weights, combiner)], backend)[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.SparseTensor],
                         sp_weights_list: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
                         combiners: Optional[Sequence[str]] = None, backend: Optional[str] = None,

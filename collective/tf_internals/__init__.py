@@ -46,8 +46,8 @@ name here                    what for                                           
 Helpers for private attributes read in more than one place:
 :func:`all_saveable_objects` (``variables._all_saveable_objects``, twice in
 checkpoint.model_dir) and :func:`control_flow_context`
-(``Graph._get_control_flow_context``, still read directly by
-embedding.coalescing and embedding.hash_table).
+(``Graph._get_control_flow_context``, for embedding.coalescing and
+embedding.hash_table).
 """
 
 from __future__ import annotations
