@@ -18,8 +18,8 @@ from typing import Iterator, Optional
 import tensorflow as tf
 
 from collective import comm, context, modes
-# lookups, session, column_lookups and training register their patches when imported: patched() installs them.
-from collective import column_lookups, lookups, session  # noqa: F401  pylint: disable=unused-import
+# lookups, session, column_lookups, sync and training register their patches when imported: patched() installs them.
+from collective import column_lookups, lookups, session, sync  # noqa: F401  pylint: disable=unused-import
 from collective.embedding import exchanges
 from collective.embedding import lookup as embedding_lookup
 from collective.embedding.exchanges import UnknownBackendError

@@ -15,6 +15,17 @@ HybridBackend's data sync:
 A worker with an empty batch contributes zero gradients (its loss is a mean
 over no rows), so the steps at the end of uneven input average the remaining
 workers' gradients over all ``N`` workers.
+
+Batch normalisation on an empty batch: the mean and variance of zero rows
+are NaN (0 / 0), which would reach the layer's moving averages on that
+worker and, through the allreduced gradient of ``gamma``, every worker's
+weights. Under ``scope()`` Keras' own zero-size-batch handling (the one
+``tf.distribute`` strategies switch on for partial batches) is always on,
+for ``tf.keras.layers.BatchNormalization`` and
+``tf.compat.v1.layers.batch_normalization``, fused or not: an empty step
+leaves that worker's ``moving_mean`` and ``moving_variance`` unchanged and
+gives ``gamma`` and ``beta`` zero gradients. Raw ops
+(``tf.nn.fused_batch_norm``, ``tf.nn.moments``) get no such guard.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from collective import comm
-from collective.tf_internals import nest
+from collective.tf_internals import batch_normalization, nest, patches
 
 HAS_DATA_KEY = "__collective_has_data__"
 ROWS_KEY = "__collective_rows__"
@@ -150,3 +161,17 @@ def _identity(value):
         return tf.SparseTensor(tf.identity(value.indices), tf.identity(value.values),
                                tf.identity(value.dense_shape))
     return tf.identity(value)
+
+
+def batch_norm_supports_empty_batches(layer) -> bool:  # pylint: disable=unused-argument
+    """Keras batch norm's ``_support_zero_size_input`` under ``scope()``: always on (see the module docstring).
+
+    On a non-empty batch the layer computes what it computes without it.
+    """
+    return True
+
+
+patches.register(batch_normalization.BatchNormalizationBase, "_support_zero_size_input",
+                 batch_norm_supports_empty_batches,
+                 "Keras batch norm (v1 layers too): an empty batch of uneven input leaves the moving statistics "
+                 "unchanged and gives zero gradients instead of NaN")

@@ -239,15 +239,22 @@ def test_estimator_recipe_trains_evaluates_and_exports_like_one_process(tmp_path
     np.testing.assert_allclose(served[:, 0], logits[:7], rtol=1e-5, atol=1e-6)
 
 
-def test_unequal_shares_end_together_under_monitored_training_session(tmp_path):
+@pytest.fixture(scope="module")
+def uneven_mts(tmp_path_factory):
+    """hb_uneven_mts.py on 2 workers: 10 batches on rank 0, 7 on rank 1."""
+    out = tmp_path_factory.mktemp("hb-uneven")
+    run_workers("hb_uneven_mts.py", 2, [out])
+    return load_rank_results(out, 2)
+
+
+def test_unequal_shares_end_together_under_monitored_training_session(uneven_mts):
     """Regression: with 10 batches on rank 0 and 7 on rank 1, rank 1 left after 7 steps and rank 0 died.
 
     Now every rank runs 10 steps; a rank without data contributes zero gradients, so each step trains like
     one process on the mean of the per-worker losses, with an empty worker's loss taken as 0."""
     from workers import uneven_cases as cases  # pylint: disable=import-outside-toplevel
 
-    run_workers("hb_uneven_mts.py", 2, [tmp_path])
-    res = load_rank_results(tmp_path, 2)
+    res = uneven_mts
     data = [cases.worker_data(r) for r in range(2)]
     with tf.Graph().as_default():
         parts = []
@@ -273,3 +280,23 @@ def test_unequal_shares_end_together_under_monitored_training_session(tmp_path):
         assert int(res[r]["steps"]) == cases.batch_count(0)
         np.testing.assert_allclose(res[r]["table"], expected_table[r::2], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(res[r]["w"], expected_w, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_on_the_empty_batches_of_unequal_shares_gives_no_nan(uneven_mts):
+    """Regression: rank 1's empty batches gave it NaN moving statistics and every rank NaN Keras gamma.
+
+    Now rank 1's moving statistics are what its own 7 batches give, and the weights are finite and equal."""
+    from workers import estimator_cases, uneven_cases  # pylint: disable=import-outside-toplevel
+
+    res = uneven_mts
+    for r in range(2):
+        assert int(res[r]["bn/steps"]) == uneven_cases.batch_count(0)
+        for key, value in res[r].items():
+            if key.startswith("bn/"):
+                assert np.isfinite(value).all(), (r, key, value)
+        ids = uneven_cases.worker_data(r)[0].astype(np.float32)
+        batches = [ids[lo:lo + uneven_cases.BATCH] for lo in range(0, len(ids), uneven_cases.BATCH)]
+        for name, value in estimator_cases.reference_moving_statistics(batches).items():
+            np.testing.assert_allclose(res[r][f"bn/{name}"], value, rtol=1e-5, atol=1e-6, err_msg=f"rank {r} {name}")
+        for key in ("bn/bn_fused/gamma", "bn/bn_keras/gamma", "bn/bn_fused/beta", "bn/bn_keras/beta"):
+            np.testing.assert_array_equal(res[r][key], res[0][key])

@@ -1,10 +1,10 @@
 """strategy.estimator on 1, 2 and 3 workers against single-process TensorFlow.
 
 One launch per (backend, workers) runs train (even and unequal shares, with
-and without max_steps), evaluate (unequal shares, steps=None), predict,
-train_and_evaluate and a ThroughputHook under MonitoredTrainingSession; the
-tests compare with plain TensorFlow training on the global batch and plain
-single-process evaluation of all workers' data.
+and without max_steps; batch norm on unequal shares), evaluate (unequal
+shares, steps=None), predict, train_and_evaluate and a ThroughputHook under
+MonitoredTrainingSession; the tests compare with plain TensorFlow training on
+the global batch and plain single-process evaluation of all workers' data.
 """
 
 import glob
@@ -85,6 +85,26 @@ def test_unequal_shares_stop_together_when_every_worker_is_out(run):
         assert res[r]["uneven_max/global_step"] == 2
     assert_weights(trained(res, "uneven", n), cases.reference_train(uneven_steps(n, longest), n))
     assert_weights(trained(res, "uneven_max", n), cases.reference_train(uneven_steps(n, 2), n))
+
+
+def test_batch_norm_on_the_empty_batches_of_unequal_shares_gives_no_nan(run):
+    """Regression: a worker's empty padding batch gave NaN moving statistics (fused or not) and NaN gamma.
+
+    Now an empty step leaves that worker's moving statistics as its own batches left them, and every
+    worker's weights stay finite and equal."""
+    n, res, _ = run
+    longest = max(len(cases.uneven_batches(r, n)) for r in range(n))
+    for r in range(n):
+        assert res[r]["bn/global_step"] == longest
+        for key, value in res[r].items():
+            if key.startswith("bn/"):
+                assert np.isfinite(value).all(), (r, key, value)
+        expected = cases.reference_moving_statistics([batch["x"] for batch in cases.uneven_batches(r, n)])
+        for name, value in expected.items():
+            np.testing.assert_allclose(res[r][f"bn/{name}"], value, rtol=1e-5, atol=1e-6, err_msg=f"rank {r} {name}")
+        for layer in ("bn_fused", "bn_keras"):
+            for name in ("gamma", "beta"):
+                np.testing.assert_array_equal(res[r][f"bn/{layer}/{name}"], res[0][f"bn/{layer}/{name}"])
 
 
 def test_evaluate_gives_global_metrics_on_every_worker(run):

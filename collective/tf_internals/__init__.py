@@ -38,6 +38,8 @@ name here                    what for                                           
 ``feature_column_v2``        ``CategoricalColumn``,                                    hash_embedding_column
                              ``_to_sparse_input_and_drop_ignore_values``
 ``dense_features``           Keras ``DenseFeatures`` (``keras.src``)                   column_lookups
+``batch_normalization``      Keras ``BatchNormalizationBase`` (``keras.src``): its     sync
+                             zero-size-batch switch
 ``estimator_lib``            ``Estimator``'s loss metric and evaluation summaries      estimator
 ``export_lib``               ``export_outputs_for_mode``,                              export
                              ``build_all_signature_defs``
@@ -111,6 +113,7 @@ _check_installed()
 
 # pylint: disable=wrong-import-position,ungrouped-imports
 from keras.src.feature_column import dense_features  # noqa: E402
+from keras.src.layers.normalization import batch_normalization  # noqa: E402
 from tensorflow.python.checkpoint import checkpoint_management  # noqa: E402
 from tensorflow.python.feature_column import feature_column as feature_column_v1  # noqa: E402
 from tensorflow.python.feature_column import feature_column_v2  # noqa: E402
@@ -140,8 +143,8 @@ def control_flow_context(graph: tensorflow.Graph):
 
 __all__ = [
     "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context",
-    "PartitionInfo", "basic_session_run_hooks", "checkpoint_management", "compat", "dense_features",
-    "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1", "feature_column_v2",
-    "func_graph", "function_utils", "io_ops", "monitored_session", "nest", "optimizer_lib", "saveable_object_util",
-    "saver_lib", "training_util", "variable_v1", "variables",
+    "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "compat",
+    "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
+    "feature_column_v2", "func_graph", "function_utils", "io_ops", "monitored_session", "nest", "optimizer_lib",
+    "saveable_object_util", "saver_lib", "training_util", "variable_v1", "variables",
 ]

@@ -33,6 +33,9 @@ them for a block of its own with :func:`applied`.
 (column_lookups)
 ``_SharedEmbeddingColumn._get_dense_tensor_internal``     v1 shared columns accept their sharded table
 (column_lookups)
+``BatchNormalizationBase._support_zero_size_input``        Keras batch norm (v1 layers too): an empty batch of
+(sync)                                                    uneven input leaves the moving statistics unchanged
+                                                          and gives zero gradients instead of NaN
 ``estimator._verify_and_create_loss_metric``              on demand, in every ``CollectiveEstimator`` call:
 (estimator)                                               the evaluation loss leaves out the empty batches of
                                                           padded input

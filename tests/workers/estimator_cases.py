@@ -99,7 +99,52 @@ def make_model_fn(strategy):
     return model_fn
 
 
+def batch_norm_layers(width: int = FEATURES):
+    """``(apply, keras_layer)``; ``apply(x)`` gives ``x`` ``[rows, width]`` through a fused v1 batch norm (as NHWC)
+    and through Keras' (not fused)."""
+    keras_bn = tf.keras.layers.BatchNormalization(name="bn_keras")
+
+    def apply(x):
+        nhwc = tf.reshape(x, [-1, 1, 1, width])
+        fused = tf.compat.v1.layers.batch_normalization(nhwc, training=True, fused=True, name="bn_fused")
+        return tf.reshape(fused, [-1, width]), keras_bn(x, training=True)
+
+    return apply, keras_bn
+
+
+def make_batch_norm_model_fn(strategy):
+    """The model on ``x`` batch-normalised twice (``fused + keras``); trains the moving statistics too."""
+    def model_fn(features, labels, mode):
+        apply, keras_bn = batch_norm_layers()
+        fused, plain = apply(features["x"])
+        logits = logits_of({"item": features["item"], "x": fused + plain}, strategy)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS) + list(keras_bn.updates)
+        with tf.control_dependencies(updates):
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(
+                loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
 # ------------------------------------------------------------ single-process references
+
+def reference_moving_statistics(xs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
+    """Plain TensorFlow: :func:`batch_norm_layers`' moving statistics after training mode on the batches ``xs``."""
+    width = xs[0].shape[1]
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, width])
+        apply, keras_bn = batch_norm_layers(width)
+        apply(x)
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS) + list(keras_bn.updates)
+        moving = {v.op.name: v for v in tf.compat.v1.global_variables() if "moving_" in v.op.name}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in xs:
+                sess.run(updates, {x: batch})
+            return sess.run(moving)
+
 
 def reference_train(steps: Sequence[Sequence[Batch]], n: int):
     """Plain TensorFlow: each step's loss is sum over workers of their batch mean, over n (empty batches add 0).

@@ -25,12 +25,12 @@ results = {}
 class CaptureHook(tf.compat.v1.train.SessionRunHook):
     """Reads the model's variables (this worker's table shard among them) when training ends."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix, extra=()):
         self.prefix = prefix
+        self.names = ("table", "w", "b", "global_step") + tuple(extra)
 
     def begin(self):
-        self.fetch = {v.op.name: v for v in tf.compat.v1.global_variables()
-                      if v.op.name in ("table", "w", "b", "global_step")}
+        self.fetch = {v.op.name: v for v in tf.compat.v1.global_variables() if v.op.name in self.names}
 
     def end(self, session):
         for name, value in session.run(self.fetch).items():
@@ -64,6 +64,11 @@ with strategy.scope(), tf.Graph().as_default():
     est.train(input_fn(cases.uneven_batches(r, n)), hooks=[CaptureHook("uneven")])
     est = strategy.estimator(cases.make_model_fn(strategy), os.path.join(out_dir, "uneven_max"), config=config)
     est.train(input_fn(cases.uneven_batches(r, n)), hooks=[CaptureHook("uneven_max")], max_steps=2)
+    # Batch norm on uneven shares: a worker's empty batches must not make anything NaN.
+    est = strategy.estimator(cases.make_batch_norm_model_fn(strategy), os.path.join(out_dir, "bn"), config=config)
+    est.train(input_fn(cases.uneven_batches(r, n)), hooks=[CaptureHook("bn", [
+        f"{layer}/{name}" for layer in ("bn_fused", "bn_keras")
+        for name in ("gamma", "beta", "moving_mean", "moving_variance")])])
 
     # train_and_evaluate as a method, stopping at max_steps before the input ends.
     est = strategy.estimator(cases.make_model_fn(strategy), os.path.join(out_dir, "tae"), config=config)
