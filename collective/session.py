@@ -14,6 +14,7 @@ Inside ``CollectiveStrategy.scope()`` (see :mod:`collective.tf_internals.patches
 from __future__ import annotations
 
 import logging
+import os
 from typing import List, Optional
 
 import tensorflow as tf
@@ -48,6 +49,8 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
     (equal everywhere) decides; with ``save_secs`` the workers agree after
     each step (one small allreduce per step) so that a save starts on all of
     them or on none. Only rank 0 writes ``graph.pbtxt`` and event files.
+    The save at the start is skipped when the session was just restored from
+    the checkpoint it would write (a resumed run), which stays as it was.
     """
 
     def __init__(self, checkpoint_dir, save_secs=None, save_steps=None, saver=None,
@@ -82,8 +85,27 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
                 graph_def=graph.as_graph_def(add_shapes=True), saver_def=saver.saver_def if saver else None)
             self._summary_writer.add_graph(graph)
             self._summary_writer.add_meta_graph(meta_graph_def)
-        self._save(session, global_step)
+        restored = self._restored_checkpoint(session, global_step)
+        if restored:
+            logger.info("Not saving step %d again: the session was just restored from %s.", global_step, restored)
+        else:
+            self._save(session, global_step)
         self._timer.update_last_triggered_step(global_step)
+
+    def _restored_checkpoint(self, session, step: int) -> Optional[str]:
+        """The checkpoint of ``step`` this hook would write, if the session was just restored from it.
+
+        Saving it again would rewrite a complete checkpoint in place (its data
+        files renamed over, its index truncated and rewritten), and a crash in
+        between would leave the latest checkpoint torn. Every worker restored
+        the same checkpoint (the state file names one), so all skip together.
+        """
+        saver = self._get_saver()
+        restored = saver.restored_into(session) if isinstance(saver, Saver) else None
+        if restored is None:
+            return None
+        target = saver.checkpoint_file(self._save_path, step)
+        return restored if os.path.normpath(restored) == os.path.normpath(target) else None
 
     def after_run(self, run_context, run_values):
         stale_global_step = run_values.results

@@ -117,11 +117,14 @@ def test_monitored_training_session_resumes_after_all_workers_are_killed(tmp_pat
     cc.assert_checkpoint_equals(str(model_dir / "model.ckpt-2"), reference.get(2), "before the crash")
     assert len(_events(model_dir)) == 1  # rank 0 alone writes event files
 
-    # The rerun of the sok case saves by time: the workers agree on the steps.
-    every = ["none:0", "secs"] if backend == "sok" else []
-    proc = run_workers("checkpoint_mts.py", n, [model_dir, backend, 6, *every], timeout=400)
+    # The rerun of the sok case saves by time: the workers agree on the steps. Rank 0 would die in the
+    # merge of a step-2 checkpoint: the rerun restores step 2 and must not write it again (regression: the
+    # save at the start rewrote the restored checkpoint in place, and that crash left it torn).
+    every = ["secs"] if backend == "sok" else []
+    proc = run_workers("checkpoint_mts.py", n, [model_dir, backend, 6, "die_in_merge:2", *every], timeout=400)
     for r in range(n):
         assert f"[{r}] rank {r} started at step 2" in proc.stdout
+    cc.assert_checkpoint_equals(str(model_dir / "model.ckpt-2"), reference[2], "restored, not rewritten")
     cc.assert_checkpoint_equals(str(model_dir / "model.ckpt-6"), reference[6], "resumed")
     assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "model.ckpt-6")
     assert len(_events(model_dir)) == 2 and (model_dir / "graph.pbtxt").exists()

@@ -9,11 +9,18 @@ collectives). A save is all-or-nothing:
    variables once, and each sharded tensor's stored row bounds under
    ``_collective/row_splits/<name>``;
 2. a barrier; if any worker failed, every worker raises;
-3. rank 0 merges the parts into the checkpoint (``MergeV2Checkpoints``) and
-   only then updates the ``checkpoint`` state file, so a crash before this
-   point leaves the previous checkpoint the latest and usable;
+3. rank 0 merges the parts into the checkpoint (``MergeV2Checkpoints``),
+   removes what is left of the temporary folder (parts of a killed save of
+   this step by another number of workers) and only then updates the
+   ``checkpoint`` state file, so a crash before this point leaves the
+   previous checkpoint the latest and usable;
 4. a second barrier, so ``save`` returns on every worker once the
    checkpoint is complete.
+
+Saving over an existing checkpoint (the same step again) is not atomic: the
+merge renames the data files over the old ones, then truncates and rewrites
+the old index. ``collective.session.CheckpointSaverHook`` therefore skips
+the save of the step a session was just restored from (:meth:`Saver.restored_into`).
 
 :meth:`Saver.restore` needs no collective: each worker reads the stored
 blocks one at a time and keeps its rows, so a checkpoint written by N
@@ -26,7 +33,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import List, Optional
+import weakref
+from typing import List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -75,6 +83,7 @@ class Saver(saver_lib.Saver):
         if ignored.get("saver_def") is not None:
             raise ValueError("collective.checkpoint.Saver builds its own ops; it cannot be made from a saver_def")
         self._sharded_vars: List = []
+        self._last_restore: Tuple[Optional[weakref.ref], Optional[str]] = (None, None)
         super().__init__(var_list=var_list, max_to_keep=max_to_keep,
                          keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, name=name,
                          defer_build=defer_build, allow_empty=allow_empty, pad_step_number=pad_step_number,
@@ -189,13 +198,9 @@ class Saver(saver_lib.Saver):
         if os.path.split(latest_filename)[0]:
             raise ValueError("'latest_filename' must not contain path components")
         save_path = compat.as_str(save_path)
-        if global_step is not None:
-            if not isinstance(global_step, compat.integral_types):
-                global_step = training_util.global_step(sess, global_step)
-            step = f"{global_step:08d}" if self._pad_step_number else str(global_step)
-            checkpoint_file = f"{save_path}-{step}"
-        else:
-            checkpoint_file = save_path
+        if global_step is not None and not isinstance(global_step, compat.integral_types):
+            global_step = training_util.global_step(sess, global_step)
+        checkpoint_file = self.checkpoint_file(save_path, global_step)
         parts_dir = checkpoint_file + "_temp"
         n, rank = comm.world_size(), comm.rank()
         shard_parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}") for s in range(n)]
@@ -206,8 +211,8 @@ class Saver(saver_lib.Saver):
         self._agree(sess, error, f"writing its part of checkpoint {checkpoint_file}")
         if rank == 0:
             parts = dense_parts + self._hash_parts(shard_parts) + [replicated_part]
-            error = _attempt(lambda: self._commit(sess, parts, checkpoint_file, save_path, latest_filename,
-                                                  meta_graph_suffix, write_state))
+            error = _attempt(lambda: self._commit(sess, parts, parts_dir, checkpoint_file, save_path,
+                                                  latest_filename, meta_graph_suffix, write_state))
         elif write_state:
             self._RecordLastCheckpoint(checkpoint_file)
             self._checkpoints_to_be_deleted.clear()  # rank 0 deletes old checkpoints
@@ -218,6 +223,17 @@ class Saver(saver_lib.Saver):
                     checkpoint_management.meta_graph_filename(checkpoint_file, meta_graph_suffix=meta_graph_suffix),
                     strip_default_attrs=strip_default_attrs, save_debug_info=save_debug_info)
         return checkpoint_file
+
+    def checkpoint_file(self, save_path: str, global_step: Optional[int] = None) -> str:
+        """The prefix :meth:`save` writes for ``save_path`` at ``global_step``: ``<save_path>-<step>``."""
+        if global_step is None:
+            return save_path
+        return f"{save_path}-{global_step:08d}" if self._pad_step_number else f"{save_path}-{global_step}"
+
+    def restored_into(self, sess) -> Optional[str]:
+        """The checkpoint prefix this saver last restored into ``sess`` (None if it restored none there)."""
+        session, prefix = self._last_restore
+        return prefix if session is not None and session() is sess else None
 
     def _write_parts(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
         """Writes this worker's part (and on rank 0 the replicated variables)."""
@@ -234,10 +250,11 @@ class Saver(saver_lib.Saver):
         candidates = [f"{part}-hash{t}" for part in shard_parts for t in range(len(self._families))]
         return [p for p in candidates if tf.io.gfile.exists(p + ".index")]
 
-    def _commit(self, sess, parts, checkpoint_file, save_path, latest_filename, meta_graph_suffix,
+    def _commit(self, sess, parts, parts_dir, checkpoint_file, save_path, latest_filename, meta_graph_suffix,
                 write_state) -> None:
-        """Rank 0: merges the parts, then names the new checkpoint in the state file."""
+        """Rank 0: merges the parts, clears ``parts_dir``, then names the new checkpoint in the state file."""
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: checkpoint_file})
+        _remove_stale_parts(parts_dir)
         if write_state:
             self._RecordLastCheckpoint(checkpoint_file)
             checkpoint_management.update_checkpoint_state_internal(
@@ -281,6 +298,18 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.restore(sess, family, prefix, self._restore_prefix,
                                 stored_row_splits(reader, shapes, family.name))
+        self._last_restore = (weakref.ref(sess), prefix)
+
+
+def _remove_stale_parts(parts_dir: str) -> None:
+    """Removes what the merge left in ``parts_dir``: parts of a killed save of this step by another world size.
+
+    Every worker has written its part (the first barrier) and the merge has
+    consumed them, so whatever is left there belongs to no checkpoint.
+    """
+    if tf.io.gfile.exists(parts_dir):
+        logger.info("removing the parts of an unfinished earlier save in %s", parts_dir)
+        tf.io.gfile.rmtree(parts_dir)
 
 
 def _attempt(step) -> Optional[BaseException]:

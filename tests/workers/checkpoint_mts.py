@@ -2,13 +2,17 @@
 
 argv: checkpoint_dir backend last_step [crash [secs]]
 crash: ``exit_after_step:K`` (rank 1 exits after step K), ``die_in_save:K``
-(rank 1 exits right after writing its part of the step-K checkpoint) or
-``none:0``. ``secs``: save every second (the workers agree when) instead of
-every 2 steps.
+(rank 1 exits right after writing its part of the step-K checkpoint),
+``die_in_merge:K`` (rank 0 dies while merging the step-K checkpoint, after
+MergeV2Checkpoints has opened its index for writing) or ``none:0``.
+``secs``: save every second (the workers agree when) instead of every 2
+steps.
 Prints ``rank R started at step S`` so the test sees where the run resumed.
 """
 
 import os
+import resource
+import signal
 import sys
 
 import tensorflow as tf
@@ -34,6 +38,23 @@ if crash == "die_in_save" and r == 1:
             os._exit(CRASH_CODE)
 
     saver_module.Saver._write_parts = write_parts_then_die
+
+if crash == "die_in_merge" and r == 0:
+    commit = saver_module.Saver._commit
+
+    def commit_then_die(self, sess, parts, *args, **kwargs):
+        if not any(isinstance(arg, str) and arg.endswith(f"-{crash_step}") for arg in args):
+            commit(self, sess, parts, *args, **kwargs)
+            return
+        # Writes past 16 bytes fail: the merge renames the data files, truncates the index and fails writing it.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            commit(self, sess, parts, *args, **kwargs)
+        finally:
+            os._exit(CRASH_CODE)
+
+    saver_module.Saver._commit = commit_then_die
 
 with strategy.scope(), tf.Graph().as_default():
     loss, train, feed = checkpoint_cases.build(strategy)

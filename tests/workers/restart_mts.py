@@ -1,0 +1,47 @@
+"""HybridBackend's ``hb.train.MonitoredTrainingSession`` with a checkpoint every step, for the restart test.
+
+argv: checkpoint_dir pid_dir last_step [R:S]
+Trains restart_cases' model (hb exchange) to ``last_step``, resuming from the
+latest checkpoint in ``checkpoint_dir`` (as MonitoredTrainingSession does).
+Writes this worker's pid to ``pid_dir``. With ``R:S``, worker R holds after
+step S and its checkpoint: the others wait for it inside step S + 1.
+"""
+
+import sys
+
+import tensorflow as tf
+
+import collective.hb as hb
+import restart_cases as rc
+
+checkpoint_dir, pid_dir, last_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+hold = rc.parse_hold(sys.argv[4] if len(sys.argv) > 4 else None)
+
+
+class ProgressHook(tf.compat.v1.train.SessionRunHook):
+    """Prints the progress lines; it runs after the checkpoint hook, so step S's checkpoint is complete."""
+
+    def __init__(self, progress: rc.Progress, global_step: tf.Variable):
+        self.progress, self.global_step = progress, global_step
+
+    def after_create_session(self, session, coord):
+        self.progress.start(session.run(self.global_step))
+
+    def after_run(self, run_context, run_values):
+        step = run_context.session.run(self.global_step)
+        self.progress.step(step)
+        self.progress.hold_if_due(step, "after")
+
+
+with hb.scope() as strategy, tf.Graph().as_default():
+    r, n = strategy.rank(), strategy.world_size()
+    rc.write_pid(pid_dir, r)
+    inputs = rc.placeholders()
+    _, train_op = rc.build(inputs, strategy)
+    global_step = tf.compat.v1.train.get_global_step()
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step), ProgressHook(rc.Progress(r, hold), global_step)]
+    with hb.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, save_checkpoint_steps=1,
+                                           hooks=hooks) as sess:
+        while not sess.should_stop():
+            step = sess.run_step_fn(lambda step_context: step_context.session.run(global_step))
+            sess.run(train_op, {inputs[key]: value for key, value in rc.local_inputs(step, r, n).items()})
