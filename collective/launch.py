@@ -50,11 +50,21 @@ def visible_gpus(env: Optional[Dict[str, str]] = None) -> List[str]:
     return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
 
 
-def worker_count(requested: Optional[int], gpus: Sequence[str]) -> int:
-    """How many workers to start: ``-n`` if given, else one per GPU, else 1."""
+def worker_count(requested: Optional[int], gpus: Sequence[str], gpu_source: str = "CUDA_VISIBLE_DEVICES") -> int:
+    """How many workers to start: ``-n`` if given, else one per GPU, else 1.
+
+    Each worker needs a GPU of its own where there are GPUs (NCCL refuses two
+    ranks on one device), so ``-n`` above the GPU count is refused;
+    ``gpu_source`` names where ``gpus`` came from, for the message.
+    """
     if requested is not None:
         if requested < 1:
             raise LaunchError(f"-n {requested}: the number of workers must be at least 1")
+        if gpus and requested > len(gpus):
+            raise LaunchError(
+                f"-n {requested} asks for {requested} workers but {gpu_source} lists {len(gpus)} GPU(s) "
+                f"({','.join(gpus)}), and every worker needs a GPU of its own (NCCL refuses two ranks on one GPU): "
+                f"run -n {len(gpus)}, or set CUDA_VISIBLE_DEVICES= (empty) to run {requested} workers on CPU")
         return requested
     if gpus:
         return len(gpus)
@@ -286,7 +296,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
             return subprocess.call(full, env=dict(os.environ))
         gpus = visible_gpus()
-        size = worker_count(args.num_workers, gpus)
+        source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia-smi"
+        size = worker_count(args.num_workers, gpus, source)
         return run_local(command, size, gpus)
     except LaunchError as err:
         logger.error("%s", err)

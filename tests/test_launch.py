@@ -64,6 +64,19 @@ def test_worker_count_defaults():
         launch.worker_count(0, [])
 
 
+def test_more_workers_than_gpus_is_refused_with_both_numbers():
+    """Regression: -n 4 with 2 GPUs gave ranks 0 and 2 GPU 0 (and 1 and 3 GPU 1), which NCCL refuses."""
+    proc = run_workers("echo_env.py", 4, env={"CUDA_VISIBLE_DEVICES": "0,1"}, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stdout
+    assert "HOROVOD_RANK=" not in proc.stdout  # no worker started
+    assert ("-n 4 asks for 4 workers but CUDA_VISIBLE_DEVICES lists 2 GPU(s) (0,1)" in proc.stderr
+            and "run -n 2, or set CUDA_VISIBLE_DEVICES= (empty) to run 4 workers on CPU" in proc.stderr), proc.stderr
+    assert launch.worker_count(2, ["0", "1", "2"]) == 2
+    assert launch.worker_count(3, []) == 3  # no GPU: CPU workers, as many as asked
+    with pytest.raises(launch.LaunchError, match="nvidia-smi lists 1 GPU"):
+        launch.worker_count(2, ["0"], "nvidia-smi")
+
+
 def test_visible_gpus_follow_cuda_visible_devices():
     assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
     assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
