@@ -2,29 +2,54 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
 
 
+def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]]):
+    path = script if os.path.isabs(script) else str(WORKERS / script)
+    full_env = dict(os.environ)
+    full_env["CUDA_VISIBLE_DEVICES"] = ""  # the tests run on CPU, any number of workers, GPUs or not
+    full_env.update(env or {})
+    return [sys.executable, "-m", "collective.launch", "-n", str(n), path, *map(str, args)], full_env
+
+
 def run_workers(script: str, n: int, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
                 timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     """Runs ``tests/workers/<script>`` on ``n`` workers; with ``check`` a failure shows all output."""
-    path = script if os.path.isabs(script) else str(WORKERS / script)
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), path, *map(str, args)]
+    cmd, full_env = _launch_command(script, n, args, env)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
                              f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}")
     return proc
+
+
+def launch_once(fn: Callable) -> Callable:
+    """Caches ``fn``'s result per arguments, failures included: a failed launch is not rerun by every test."""
+    outcomes: Dict[tuple, tuple] = {}
+
+    @functools.wraps(fn)
+    def cached(*args):
+        if args not in outcomes:
+            try:
+                outcomes[args] = (True, fn(*args))
+            except Exception as err:  # pylint: disable=broad-except
+                outcomes[args] = (False, err)
+        ok, value = outcomes[args]
+        if not ok:
+            raise value
+        return value
+
+    return cached
 
 
 def load_rank_results(out_dir: pathlib.Path, n: int) -> List[Dict[str, np.ndarray]]:
@@ -39,3 +64,15 @@ def load_rank_results(out_dir: pathlib.Path, n: int) -> List[Dict[str, np.ndarra
 def held(full: np.ndarray, backend: str, r: int, n: int) -> np.ndarray:
     """The rows of the logical table ``full`` that rank ``r`` of ``n`` holds under ``backend``."""
     return full if backend == "replicated" else full[r::n]
+
+
+def start_workers(script: str, n: int, args: Sequence[str] = (),
+                  env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Starts ``tests/workers/<script>`` on ``n`` workers and returns at once.
+
+    The launcher's stdout and stderr come merged, as text, from the returned
+    process's ``stdout``; its worker processes die with it.
+    """
+    cmd, full_env = _launch_command(script, n, args, env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, bufsize=1, env=full_env)

@@ -4,21 +4,20 @@ Lookups are compared with numpy on the full logical table; training with the
 same model in plain single-process TensorFlow on the whole global batch.
 """
 
-import functools
 import pathlib
 import tempfile
 
 import numpy as np
 import pytest
 
-from launcher import held, load_rank_results, run_workers
+from launcher import launch_once, held, load_rank_results, run_workers
 from workers import embedding_cases as cases
 
 BACKENDS = ["hb", "sok", "replicated"]
 WORKERS = [1, 2, 3]
 
 
-@functools.lru_cache(maxsize=None)
+@launch_once
 def results_for(n):
     """One launch on ``n`` workers runs every backend: {backend: per-rank results}."""
     with tempfile.TemporaryDirectory(prefix=f"emb-{n}-") as out:

@@ -21,8 +21,9 @@ def test_reference_monitored_training_session_example(n, backend):
         assert numbers[18] == 36.0, text         # sum(2 * emb)
 
 
-@pytest.mark.parametrize("backend", ["hb", "sok"])
-@pytest.mark.parametrize("mode, bad", [("negative", "-3"), ("too_large", "10")])
+# Every entry point, backend and N refuses bad ids in tests/test_matrix.py; these two launches check that bad
+# ids on one worker only stop the whole job quickly.
+@pytest.mark.parametrize("backend, mode, bad", [("hb", "negative", "-3"), ("sok", "too_large", "10")])
 def test_out_of_range_ids_name_the_table_and_stop_the_job(backend, mode, bad):
     start = time.monotonic()
     proc = run_workers("bad_input.py", 2, [mode, backend], check=False, timeout=120)

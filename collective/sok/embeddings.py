@@ -152,6 +152,7 @@ class DistributedEmbedding(_ShardedEmbedding):
         self.max_nnz = _positive("DistributedEmbedding", "max_nnz", max_nnz)
         self.max_feature_num = _positive("DistributedEmbedding", "max_feature_num", max_feature_num)
 
+    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
     def call(self, inputs, training=True):
         self._check_call()
         if not isinstance(inputs, tf.SparseTensor):
@@ -189,6 +190,7 @@ class All2AllDenseEmbedding(_ShardedEmbedding):
         self.nnz_per_slot = _positive("All2AllDenseEmbedding", "nnz_per_slot", nnz_per_slot)
         self.dynamic_input = bool(dynamic_input)
 
+    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
     def call(self, inputs, training=True):
         self._check_call()
         keys = self._keys(tf.convert_to_tensor(inputs))

@@ -1,18 +1,17 @@
 """One launch of grouped_worker.py per world size for every backend, shared by the test modules that read it."""
 
-import functools
 import pathlib
 import tempfile
 from typing import Dict, List
 
 import numpy as np
 
-from launcher import load_rank_results, run_workers
+from launcher import launch_once, load_rank_results, run_workers
 
 BACKENDS = ("hb", "sok", "replicated")
 
 
-@functools.lru_cache(maxsize=None)
+@launch_once
 def _all_backends(n: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
     with tempfile.TemporaryDirectory(prefix=f"grouped-{n}-") as out:
         run_workers("grouped_worker.py", n, [out, ",".join(BACKENDS)])

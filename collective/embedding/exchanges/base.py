@@ -123,7 +123,9 @@ def owned_rows(p: Prepared, ids: tf.Tensor) -> tf.Tensor:
 def finish(p: Prepared, vectors: tf.Tensor) -> tf.Tensor:
     """The request's result from one vector per id: combined per segment, or reshaped like its ids."""
     if not p.req.plain:
-        return combiners.combine(vectors, p.weights, p.segments, p.num_segments, p.req.combiner)
+        combined = combiners.combine(vectors, p.weights, p.segments, p.num_segments, p.req.combiner)
+        combined.set_shape([None, p.info.dim])  # a collective's output has no static shape: Dense layers need it
+        return combined
     ids = tf.convert_to_tensor(p.req.ids)
     out = tf.reshape(vectors, tf.concat([tf.shape(ids), [p.info.dim]], axis=0))
     out.set_shape(ids.shape.concatenate([p.info.dim]))

@@ -1,0 +1,169 @@
+"""The differential matrix: every public entry point, backend, worker count and optimizer against one process.
+
+One launch per worker count runs every backend (``hb``, ``sok``,
+``replicated`` and HybridBackend's API, ``hb-api``) with each optimizer on a
+model that holds every entry point (tests/workers/matrix_cases.py). Each
+result is compared with plain single-process TensorFlow on the whole global
+batch, started from the same logical tables: forward values and averaged
+gradients of step 0, then tables, optimizer slots, dense weights and losses
+after three steps. The inputs hold repeated ids, empty rows and negative ids
+(dropped by the safe lookups), and hash keys of any int64 value.
+"""
+
+import functools
+import pathlib
+import tempfile
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+from launcher import launch_once, load_rank_results, run_workers
+from workers import matrix_cases as cases
+
+BACKENDS = ("hb", "sok", "replicated", "hb-api")
+WORKERS = (1, 2, 3)
+RTOL, ATOL = 1e-4, 1e-5
+pytestmark = pytest.mark.timeout(1200)
+
+
+@launch_once
+def _launch(n: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
+    with tempfile.TemporaryDirectory(prefix=f"matrix-{n}-") as out:
+        run_workers("matrix_worker.py", n, [out, ",".join(BACKENDS)], timeout=900)
+        return {b: load_rank_results(pathlib.Path(out) / b, n) for b in BACKENDS}
+
+
+@functools.lru_cache(maxsize=None)
+def _plain(optimizer: str) -> cases.Plain:
+    return cases.plain_model(optimizer)
+
+
+def logical(ranks: List[Dict[str, np.ndarray]], key: str, table: str) -> np.ndarray:
+    """The logical table (or gradient, or slot) ``key`` assembled from every rank's rows."""
+    if bool(ranks[0][f"{cases.OPTIMIZERS[0]}/replicated/{table}"]):
+        for res in ranks[1:]:
+            np.testing.assert_array_equal(res[key], ranks[0][key], err_msg=f"{key}: replicas differ")
+        return ranks[0][key]
+    n, shards = len(ranks), [res[key] for res in ranks]
+    out = np.zeros((sum(len(s) for s in shards),) + shards[0].shape[1:], shards[0].dtype)
+    for r, shard in enumerate(shards):
+        out[r::n] = shard
+    return out
+
+
+def fixed_tables() -> List[str]:
+    plain = _plain(cases.OPTIMIZERS[0])
+    return [k for k in plain.tables if k.split("#")[0] not in cases.HASHED]
+
+
+@functools.lru_cache(maxsize=None)
+def expected(backend: str, n: int, optimizer: str) -> Dict[str, np.ndarray]:
+    """Plain TensorFlow from this run's initial tables."""
+    ranks = _launch(n)[backend]
+    initial = {t: logical(ranks, f"{optimizer}/init/{t}", t) for t in fixed_tables()}
+    return cases.reference(_plain(optimizer), initial)
+
+
+def _mismatches(pairs) -> List[str]:
+    failures = []
+    for what, got, want in pairs:
+        try:
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+        except AssertionError as err:
+            failures.append(f"{what}: {str(err).splitlines()[3] if len(str(err).splitlines()) > 3 else err}")
+    return failures
+
+
+RUNS = [(b, n) for b in BACKENDS for n in WORKERS]
+IDS = [f"{b}-{n}workers" for b, n in RUNS]
+
+
+@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
+def test_forward_values_equal_one_process(backend, n):
+    ranks, want = _launch(n)[backend], expected(backend, n, cases.OPTIMIZERS[0])
+    per = cases.BATCH // n
+    pairs = [(f"{entry} rank {r}", res[f"{cases.OPTIMIZERS[0]}/out/{entry}"],
+              want[f"out/{entry}"][r * per:(r + 1) * per])
+             for entry in cases.ENTRY_POINTS for r, res in enumerate(ranks)]
+    failures = _mismatches(pairs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
+def test_averaged_gradients_equal_one_process(backend, n):
+    ranks, want = _launch(n)[backend], expected(backend, n, cases.OPTIMIZERS[0])
+    opt = cases.OPTIMIZERS[0]
+    pairs = []
+    for table in fixed_tables():
+        got = logical(ranks, f"{opt}/grad/{table}", table)
+        pairs.append((table, got[:len(want[f"grad/{table}"])], want[f"grad/{table}"]))
+        assert np.abs(want[f"grad/{table}"]).sum() > 0, f"{table} gets no gradient: the comparison proves nothing"
+    for name in ("head_w", "head_b"):
+        pairs += [(f"{name} rank {r}", res[f"{opt}/grad/{name}"], want[f"grad/{name}"]) for r, res in enumerate(ranks)]
+    failures = _mismatches(pairs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
+@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
+def test_weights_and_slots_after_three_steps_equal_one_process(backend, n, optimizer):
+    ranks, want = _launch(n)[backend], expected(backend, n, optimizer)
+    np.testing.assert_allclose(np.mean([res[f"{optimizer}/losses"] for res in ranks], axis=0), want["losses"],
+                               rtol=RTOL)
+    pairs = []
+    for table in fixed_tables():
+        rows = len(want[f"final/{table}"])
+        pairs.append((table, logical(ranks, f"{optimizer}/final/{table}", table)[:rows], want[f"final/{table}"]))
+        slots = [k for k in want if k.startswith(f"slot/{table}/")]
+        for slot in slots:
+            pairs.append((slot, logical(ranks, f"{optimizer}/{slot}", table)[:rows], want[slot]))
+        assert not np.allclose(want[f"final/{table}"], logical(ranks, f"{optimizer}/init/{table}", table)[:rows]), \
+            f"{table} did not train: the comparison proves nothing"
+    for name in ("head_w", "head_b"):
+        pairs += [(f"{name} rank {r}", res[f"{optimizer}/final/{name}"], want[f"final/{name}"])
+                  for r, res in enumerate(ranks)]
+    failures = _mismatches(pairs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
+@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
+def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, optimizer):
+    ranks, want = _launch(n)[backend], expected(backend, n, optimizer)
+    pairs = []
+    for entry in cases.HASHED:
+        table = cases.table_key(entry, 0)
+        keys = np.concatenate([res[f"{optimizer}/hash_keys/{table}"] for res in ranks])
+        values = np.concatenate([res[f"{optimizer}/hash_values/{table}"] for res in ranks])
+        assert sorted(keys.tolist()) == cases.keys_used(entry).tolist(), entry
+        for r, res in enumerate(ranks):
+            held = res[f"{optimizer}/hash_keys/{table}"]
+            assert np.all(np.mod(held, n) == r), f"{entry}: rank {r} holds keys of another rank"
+        pairs.append((entry, values, want[f"final/{table}"][np.searchsorted(cases.KEY_POOL, keys)]))
+    failures = _mismatches(pairs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
+def test_seeded_and_constant_tables_start_as_in_one_process(backend, n):
+    """A seeded initializer gives the same logical table on any N; the unseeded ones need only agree with it."""
+    ranks, plain = _launch(n)[backend], _plain(cases.OPTIMIZERS[0])
+    pairs = []
+    for table in fixed_tables():
+        if table.split("#")[0] in cases.SEEDED:
+            pairs.append((table, logical(ranks, f"{cases.OPTIMIZERS[0]}/init/{table}", table), plain.initial[table]))
+    assert len(pairs) >= 15
+    failures = _mismatches(pairs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("n", WORKERS)
+@pytest.mark.parametrize("backend", BACKENDS[:3])
+def test_negative_and_out_of_range_ids_are_refused_naming_the_table(backend, n):
+    res = _launch(n)[backend][0]
+    for entry in ("embedding_lookup", "embedding_lookup_sparse", "group_embedding_lookup_sparse", "sok_layer"):
+        table = "sok_table" if entry == "sok_layer" else "user_table"
+        for kind in ("negative", "too_large"):
+            message = str(res[f"err/{entry}/{kind}"])
+            assert f"embedding table {table}" in message and "ids outside [0," in message, (entry, kind, message)

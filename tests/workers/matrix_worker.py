@@ -1,0 +1,135 @@
+"""The differential matrix under CollectiveStrategy; writes <out>/<backend>/rank<r>.npz.
+
+argv: out_dir backend[,backend...]; one launch serves every backend. A
+backend ``hb-api`` builds the model through HybridBackend's API instead
+(``hb.embedding_scope()`` and ``hb.train`` optimizers).
+"""
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import matrix_cases as cases
+from collective import CollectiveStrategy
+from collective.embedding import hash_table
+from collective.embedding.table import shard_of
+from collective.training import average_gradients
+
+tf.get_logger().setLevel("ERROR")  # feature columns are deprecated; the matrix tests them anyway
+out_dir, backends = sys.argv[1], sys.argv[2].split(",")
+# Grappler's passes take seconds on this wide graph and change nothing the matrix compares.
+FAST_START = tf.compat.v1.ConfigProto()
+FAST_START.graph_options.rewrite_options.disable_meta_optimizer = True
+
+
+def strategy_for(backend):
+    if backend == "hb-api":
+        import collective.hb as hb
+
+        return hb.strategy(), hb.embedding_scope, hb.train
+    strategy = CollectiveStrategy(backend)
+    return strategy, strategy.embedding_scope, tf.compat.v1.train
+
+
+def train(strategy, scope, train_module, optimizer_name):
+    r, n = strategy.rank(), strategy.world_size()
+    results = {}
+    with tf.Graph().as_default():
+        model = cases.build(strategy, scope)
+        optimizer = cases.make_optimizer(optimizer_name, train_module)
+        grads = optimizer.compute_gradients(model.loss)
+        train_op = optimizer.apply_gradients(grads)
+        fixed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e not in cases.HASHED
+                 for i, t in enumerate(ts)}
+        hashed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e in cases.HASHED
+                  for i, t in enumerate(ts)}
+        by_var = {id(t): k for k, t in fixed.items()}
+        by_var.update({id(v): v.op.name for v in model.dense})
+        averaged = {by_var[id(v)]: cases.dense_gradient(g, v) for g, v in average_gradients(grads)
+                    if id(v) in by_var and g is not None}
+        kinds = {by_var[id(v)]: np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads if id(v) in by_var}
+        kinds.update({cases.table_key(e, 0): np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads
+                      for e in cases.HASHED if v is model.tables[e][0]})
+        results.update({f"sparse_gradient/{k}": v for k, v in kinds.items()})
+        entries = {}
+        for key, table in hashed.items():
+            keys, rows = hash_table.table_of(table).entries()
+            entries[key] = (keys, tf.gather(table, rows))
+        final = {f"final/{key}": table for key, table in fixed.items()}
+        final.update({f"final/{var.op.name}": var for var in model.dense})
+        for key, table in fixed.items():
+            for slot in optimizer.get_slot_names():
+                if optimizer.get_slot(table, slot) is not None:
+                    final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
+        for key, (keys, values) in entries.items():
+            final[f"hash_keys/{key}"], final[f"hash_values/{key}"] = keys, values
+        with tf.compat.v1.Session(config=FAST_START) as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            results.update(sess.run({f"init/{key}": table for key, table in fixed.items()}))
+            for key, table in fixed.items():
+                results[f"replicated/{key}"] = np.array(shard_of(table) is None or shard_of(table).layout.replicated)
+            feed = cases.feed_dict(model.features, cases.local_batch(0, r, n), plain=False)
+            first = {**{f"out/{k}": v for k, v in model.outputs.items()},
+                     **{f"grad/{k}": v for k, v in averaged.items()}}
+            results.update(sess.run(first, feed))
+            losses = []
+            for step in range(cases.STEPS):
+                feed = cases.feed_dict(model.features, cases.local_batch(step, r, n), plain=False)
+                losses.append(sess.run([model.loss, train_op], feed)[0])
+            results["losses"] = np.array(losses)
+            results.update(sess.run(final))
+    return results
+
+
+BAD_IDS = {"negative": [1, -3], "too_large": [2, cases.VOCAB + 4]}
+
+
+def refusals(strategy, scope):
+    """Every worker looks up bad ids through each entry point; the error texts by ``err/<entry>/<kind>``."""
+    import collective.sok as sok
+    from collective.group_embedding import group_embedding_lookup_sparse
+
+    results = {}
+    for kind, bad in BAD_IDS.items():
+        with tf.Graph().as_default():
+            ids = tf.constant(bad, tf.int64)
+            sp = tf.SparseTensor([[0, 0], [1, 0]], ids, [2, 1])
+            with scope():
+                table = tf.compat.v1.get_variable("user_table", [cases.VOCAB, cases.DIM])
+            layer = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=cases.VOCAB // strategy.world_size(),
+                                              embedding_vec_size=cases.DIM, slot_num=1, nnz_per_slot=1,
+                                              use_hashtable=False, name="sok_table")
+            attempts = {"embedding_lookup": tf.nn.embedding_lookup(table, ids),
+                        "embedding_lookup_sparse": tf.nn.embedding_lookup_sparse(table, sp, None),
+                        "group_embedding_lookup_sparse": group_embedding_lookup_sparse([table], [sp], ["sum"])[0],
+                        "sok_layer": layer(tf.reshape(ids * strategy.world_size(), [-1, 1, 1]))}
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for entry, tensor in attempts.items():
+                    try:
+                        sess.run(tensor)
+                        results[f"err/{entry}/{kind}"] = np.array("no error")
+                    except tf.errors.InvalidArgumentError as err:
+                        said = [line for line in err.message.splitlines() if "embedding table" in line]
+                        results[f"err/{entry}/{kind}"] = np.array((said or [err.message])[0][:400])
+    return results
+
+
+def run(backend):
+    strategy, scope, train_module = strategy_for(backend)
+    results = {}
+    with strategy.scope():
+        for name in cases.OPTIMIZERS:
+            for key, value in train(strategy, scope, train_module, name).items():
+                results[f"{name}/{key}"] = value
+        if backend != "hb-api":
+            results.update(refusals(strategy, scope))
+    path = os.path.join(out_dir, backend)
+    os.makedirs(path, exist_ok=True)
+    np.savez(os.path.join(path, f"rank{strategy.rank()}.npz"), **results)
+
+
+for name in backends:
+    run(name)
