@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 logger = logging.getLogger("collective.launch")
 
+# The local job's rendezvous listens here only.
+LOOPBACK = "127.0.0.1"
 # Seconds a worker gets to exit after SIGTERM before it is killed.
 _GRACE_SECONDS = 5.0
 _PASSED_THROUGH = ("COLLECTIVE_STRATEGY", "COLLECTIVE_KERNELS", "COLLECTIVE_REPLICATE_BELOW_BYTES",
@@ -94,7 +96,7 @@ def worker_env(base: Dict[str, str], rank: int, size: int, gpus: Sequence[str], 
         "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(size),
         "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
         "HOROVOD_HOSTNAME": "localhost",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": LOOPBACK,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": "lo",
@@ -114,14 +116,22 @@ def worker_env(base: Dict[str, str], rank: int, size: int, gpus: Sequence[str], 
 
 
 def _start_rendezvous(size: int):
-    """A Horovod Gloo rendezvous server on loopback for ``size`` local slots."""
+    """A Horovod Gloo rendezvous server for ``size`` local slots, listening on loopback only.
+
+    Horovod's ``RendezvousServer.start`` binds every interface (``find_port``
+    binds ``('', port)``), and its store takes unauthenticated reads and
+    writes: a local job has no reason to let other machines reach it.
+    """
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
 
     server = RendezvousServer(verbose=0)
-    port = server.start()
+    httpd = RendezvousHTTPServer((LOOPBACK, 0), RendezvousHandler, 0)  # port 0: the kernel picks a free one
+    thread = threading.Thread(target=httpd.serve_forever, name="rendezvous", daemon=True)
+    thread.start()
+    server._httpd, server._listen_thread = httpd, thread  # pylint: disable=protected-access
     server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
-    return server, port
+    return server, httpd.server_address[1]
 
 
 def _die_with_launcher() -> None:

@@ -91,3 +91,41 @@ def test_hosts_are_handed_to_horovodrun():
     assert cmd[1:6] == ["--gloo", "-np", "6", "-H", "a:2,b:4"]
     with pytest.raises(launch.LaunchError, match="HOST:SLOTS"):
         launch.total_slots("a")
+
+
+def _non_loopback_addresses():
+    """This machine's IPv4 addresses other than 127.x (from the kernel's routing, no extra package)."""
+    import socket
+
+    found = set()
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent by a UDP connect
+        found.add(probe.getsockname()[0])
+        probe.close()
+    except OSError:
+        pass
+    try:
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return sorted(a for a in found if not a.startswith("127."))
+
+
+def test_local_rendezvous_listens_on_loopback_only():
+    """Regression: Horovod's RendezvousServer bound every interface, an unauthenticated store reachable from afar."""
+    import socket
+
+    server, port = launch._start_rendezvous(2)  # pylint: disable=protected-access
+    try:
+        assert server._httpd.server_address[0] == "127.0.0.1"  # pylint: disable=protected-access
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        addresses = _non_loopback_addresses()
+        if not addresses:
+            pytest.skip("this machine has no non-loopback IPv4 address to try the port on")
+        for address in addresses:
+            with pytest.raises(OSError):
+                socket.create_connection((address, port), timeout=5).close()
+    finally:
+        server.stop()
