@@ -260,6 +260,9 @@ def total_slots(hosts: str) -> int:
     return total
 
 
+_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "-m")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Splits the launcher's options from the worker command line.
 
@@ -268,17 +271,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """
     parser = argparse.ArgumentParser(
         prog="python -m collective.launch",
-        usage="python -m collective.launch [-n N] [--hosts HOST:SLOTS,...] (SCRIPT | -m MODULE) [ARGS...]",
+        usage="python -m collective.launch [-n|-np N] [--hosts|-H HOST:SLOTS,...] (SCRIPT | -m MODULE) [ARGS...]",
         description="Start one collective worker per device (GPU, or CPU slot with -n).")
-    parser.add_argument("-n", "--num-workers", type=int, default=None,
-                        help="number of workers (default: one per GPU in CUDA_VISIBLE_DEVICES, else 1)")
-    parser.add_argument("--hosts", default=None,
-                        help="HOST:SLOTS,... for a multi-host job, handed to horovodrun")
+    parser.add_argument("-n", "-np", "--num-workers", dest="num_workers", type=int, default=None,
+                        help="number of workers (default: one per GPU in CUDA_VISIBLE_DEVICES, else 1); -np as "
+                             "horovodrun spells it")
+    parser.add_argument("--hosts", "-H", dest="hosts", default=None,
+                        help="HOST:SLOTS,... for a multi-host job, handed to horovodrun; -H as horovodrun spells it")
     parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
     own, rest = [], list(argv)
     while rest:
         token = rest[0]
-        if token in ("-n", "--num-workers", "--hosts", "-m") and len(rest) > 1:
+        if token in _VALUED_OPTIONS and len(rest) > 1:
             own += rest[:2]
             rest = rest[2:]
             if token == "-m":

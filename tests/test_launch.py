@@ -129,3 +129,13 @@ def test_local_rendezvous_listens_on_loopback_only():
                 socket.create_connection((address, port), timeout=5).close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("argv", [["-np", "3", "-H", "a:2,b:1", "train.py", "-n", "9"],
+                                  ["-n", "3", "--hosts", "a:2,b:1", "train.py", "-n", "9"],
+                                  ["--num-workers", "3", "-H", "a:2,b:1", "train.py", "-n", "9"]])
+def test_horovodrun_spellings_are_accepted(argv):
+    """-np and -H as Horovod users type them; what follows the script stays the script's."""
+    args = launch.parse_args(argv)
+    assert (args.num_workers, args.hosts, args.script, args.args) == (3, "a:2,b:1", "train.py", ["-n", "9"])
+
