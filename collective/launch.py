@@ -29,8 +29,10 @@ logger = logging.getLogger("collective.launch")
 
 # The local job's rendezvous listens here only.
 LOOPBACK = "127.0.0.1"
-# Seconds a worker gets to exit after SIGTERM before it is killed.
+# Seconds a worker gets to exit after SIGTERM before it is killed: when the job fails or on Ctrl-C, and when the
+# launcher itself gets SIGTERM (a preemption notice: the workers save a checkpoint first).
 _GRACE_SECONDS = 5.0
+_STOP_GRACE_SECONDS = 60.0
 _PASSED_THROUGH = ("COLLECTIVE_STRATEGY", "COLLECTIVE_KERNELS", "COLLECTIVE_REPLICATE_BELOW_BYTES",
                    "HB_COMM_DEFAULT", "HB_COMM_POOL_CAPACITY")
 
@@ -189,11 +191,11 @@ class Job:
                 return 0
             time.sleep(0.05)
 
-    def stop(self) -> None:
-        """Stops every worker still running: SIGTERM, then SIGKILL after a grace period."""
+    def stop(self, grace: float = _GRACE_SECONDS) -> None:
+        """Stops every worker still running: SIGTERM, then SIGKILL after ``grace`` seconds."""
         for proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + _GRACE_SECONDS
+        deadline = time.monotonic() + grace
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -217,6 +219,18 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def stop_grace_seconds() -> float:
+    """``COLLECTIVE_STOP_GRACE_SECONDS``: how long workers get after SIGTERM (to save a checkpoint) before SIGKILL."""
+    value = os.environ.get("COLLECTIVE_STOP_GRACE_SECONDS", str(_STOP_GRACE_SECONDS))
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise LaunchError(f"COLLECTIVE_STOP_GRACE_SECONDS={value!r} is not a number of seconds") from None
+    if seconds < 0:
+        raise LaunchError(f"COLLECTIVE_STOP_GRACE_SECONDS={value!r} must be >= 0")
+    return seconds
+
+
 def run_local(command: List[str], size: int, gpus: Sequence[str]) -> int:
     """Runs ``command`` as ``size`` workers on this host and returns the job's exit code."""
     server, port = _start_rendezvous(size)
@@ -227,8 +241,10 @@ def run_local(command: List[str], size: int, gpus: Sequence[str]) -> int:
     job = Job(command, envs)
 
     def _interrupt(signum, _frame):
-        logger.error("received signal %d: stopping all workers", signum)
-        job.stop()
+        # SIGTERM is a preemption notice: workers that train with checkpoints save one (collective.preemption).
+        grace = stop_grace_seconds() if signum == signal.SIGTERM else _GRACE_SECONDS
+        logger.error("received signal %d: stopping all workers (%.0f s to exit before they are killed)", signum, grace)
+        job.stop(grace)
         server.stop()
         sys.exit(128 + signum)
 
@@ -309,6 +325,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             full = horovodrun_command(command, size, args.hosts)
             logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
             return subprocess.call(full, env=dict(os.environ))
+        stop_grace_seconds()  # a bad value fails now, not at preemption
         gpus = visible_gpus()
         source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia-smi"
         size = worker_count(args.num_workers, gpus, source)

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from collective import comm
+from collective import comm, preemption
 from collective.checkpoint import Saver
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
@@ -51,6 +51,9 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
     them or on none. Only rank 0 writes ``graph.pbtxt`` and event files.
     The save at the start is skipped when the session was just restored from
     the checkpoint it would write (a resumed run), which stays as it was.
+    SIGTERM on any worker is a preemption notice (:mod:`collective.preemption`):
+    all save the step they are at and exit. With ``save_steps`` that takes
+    the same small per-step allreduce.
     """
 
     def __init__(self, checkpoint_dir, save_secs=None, save_steps=None, saver=None,
@@ -67,8 +70,9 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
         self._global_step_tensor = tf.compat.v1.train.get_global_step()
         if self._global_step_tensor is None:
             raise RuntimeError("Global step should be created to use CheckpointSaverHook.")
-        if self._by_time:
-            self._due = tf.compat.v1.placeholder(tf.int32, [], name="checkpoint_due")
+        self._preemptible = preemption.install()
+        if self._by_time or self._preemptible:
+            self._due = tf.compat.v1.placeholder(tf.int32, [2], name="checkpoint_due_or_preempted")
             self._any_due = comm.allreduce_max(self._due)
         for listener in self._listeners:
             listener.begin()
@@ -110,8 +114,11 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
     def after_run(self, run_context, run_values):
         stale_global_step = run_values.results
         due = self._timer.should_trigger_for_step(stale_global_step + self._steps_per_run)
-        if self._by_time:
-            due = bool(run_context.session.run(self._any_due, {self._due: int(due)}))
+        if self._by_time or self._preemptible:
+            flags = [int(due), int(preemption.requested())]
+            due, preempted = run_context.session.run(self._any_due, {self._due: flags})
+            if preempted:
+                self._save_and_exit(run_context.session)
         if not due:
             return
         global_step = run_context.session.run(self._global_step_tensor)
@@ -119,6 +126,14 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
             self._timer.update_last_triggered_step(global_step)
             if self._save(run_context.session, global_step):
                 run_context.request_stop()
+
+    def _save_and_exit(self, session) -> None:
+        step = session.run(self._global_step_tensor)
+        if step != self._timer.last_triggered_step():
+            self._timer.update_last_triggered_step(step)
+            self._save(session, step)
+        preemption.exit_after_save(self._get_saver().checkpoint_file(self._save_path, step)
+                                   if isinstance(self._get_saver(), Saver) else f"{self._save_path}-{step}")
 
     def _save(self, session, step):
         for listener in self._listeners:

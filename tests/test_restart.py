@@ -251,3 +251,26 @@ def test_rerun_leaves_no_parts_of_the_killed_save(restart):
     """Regression: the parts a killed save wrote on 2 workers stayed in model.ckpt-2_temp after the 3-worker
     rerun saved step 2 (its own parts have other names), a whole copy of the model that nothing removed."""
     assert sorted(str(p.relative_to(restart.model_dir)) for p in restart.model_dir.rglob("*_temp*")) == []
+
+
+def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, uninterrupted, one_worker):
+    """Preemption: SIGTERM to the launcher; the workers finish their step, save it together and exit.
+
+    The job checkpoints at its start only: without the preemption save the latest checkpoint is step 0.
+    """
+    model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = start_workers("restart_mts.py", 2, [model_dir, pid_dir, LAST_STEP], env={"RESTART_PREEMPTIBLE": "1"})
+    output = Output(proc.stdout)
+    output.wait_for("[1] rank 1 step 2", START_TIMEOUT)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    output.join()
+    assert code == 143, output.text()[-4000:]
+    step = rc.checkpoint_step(str(model_dir))
+    assert 2 <= step < LAST_STEP, output.text()[-4000:]
+    for r in range(2):
+        assert f"[{r}] preempted: checkpoint {model_dir / f'model.ckpt-{step}'} saved" in output.text()
+    assert not still_running([read_pid(pid_dir, r) for r in range(2)], "restart_mts.py")
+    cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{step}"), uninterrupted(step), "preempted")
+    cc.assert_hash_checkpoints_equal(str(model_dir / f"model.ckpt-{step}"), str(one_worker / f"model.ckpt-{step}"))

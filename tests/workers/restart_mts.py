@@ -5,9 +5,13 @@ Trains restart_cases' model (hb exchange) to ``last_step``, resuming from the
 latest checkpoint in ``checkpoint_dir`` (as MonitoredTrainingSession does).
 Writes this worker's pid to ``pid_dir``. With ``R:S``, worker R holds after
 step S and its checkpoint: the others wait for it inside step S + 1.
+With ``RESTART_PREEMPTIBLE=1`` in the environment it checkpoints at the
+start only and takes a second per step, for the preemption (SIGTERM) test.
 """
 
+import os
 import sys
+import time
 
 import tensorflow as tf
 
@@ -16,6 +20,7 @@ import restart_cases as rc
 
 checkpoint_dir, pid_dir, last_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hold = rc.parse_hold(sys.argv[4] if len(sys.argv) > 4 else None)
+preemptible = os.environ.get("RESTART_PREEMPTIBLE") == "1"
 
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
@@ -31,6 +36,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         step = run_context.session.run(self.global_step)
         self.progress.step(step)
         self.progress.hold_if_due(step, "after")
+        if preemptible:
+            time.sleep(1.0)
 
 
 with hb.scope() as strategy, tf.Graph().as_default():
@@ -40,7 +47,7 @@ with hb.scope() as strategy, tf.Graph().as_default():
     _, train_op = rc.build(inputs, strategy)
     global_step = tf.compat.v1.train.get_global_step()
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step), ProgressHook(rc.Progress(r, hold), global_step)]
-    with hb.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, save_checkpoint_steps=1,
+    with hb.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, save_checkpoint_steps=1000 if preemptible else 1,
                                            hooks=hooks) as sess:
         while not sess.should_stop():
             step = sess.run_step_fn(lambda step_context: step_context.session.run(global_step))
