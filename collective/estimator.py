@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
 
-from collective import checkpoint, comm, hooks as hooks_lib, session as session_lib, sync
+from collective import checkpoint, comm, heartbeat, hooks as hooks_lib, session as session_lib, sync
 from collective.embedding import hash_table
 from collective.tf_internals import estimator_lib, function_utils, patches
 
@@ -137,14 +137,14 @@ class CollectiveEstimator:
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
         """``Estimator.evaluate`` over all workers' data; every worker returns the same metrics."""
-        with self._running():
+        with self._running(), heartbeat.phase("evaluate"):
             return self._estimator.evaluate(self._input_fn(input_fn), steps=steps, hooks=hooks,
                                             checkpoint_path=checkpoint_path, name=name)
 
     def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
                 yield_single_examples=True) -> Iterator:
         """``Estimator.predict``: yields this worker's predictions. Every worker must exhaust the generator."""
-        with self._running():
+        with self._running(), heartbeat.phase("evaluate"):
             yield from self._estimator.predict(self._input_fn(input_fn), predict_keys=predict_keys, hooks=hooks,
                                                checkpoint_path=checkpoint_path,
                                                yield_single_examples=yield_single_examples)
@@ -164,7 +164,7 @@ class CollectiveEstimator:
         if not checkpoint_path:
             raise ValueError(f"no checkpoint in model_dir {self.model_dir!r} to export; train first or pass "
                              "checkpoint_path")
-        with self._running():
+        with self._running(), heartbeat.phase("save"):
             return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
                                            serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
                                            as_text=as_text)
@@ -269,6 +269,7 @@ class CollectiveEstimator:
             samples = None
         hooks = list(spec.training_hooks)
         hooks.append(hooks_lib.ThroughputHook(self._throughput_every, samples=samples, loss=loss))
+        hooks.append(heartbeat.HeartbeatHook())
         config = self._user_config
         if config.save_checkpoints_secs or config.save_checkpoints_steps:
             hooks.append(session_lib.CheckpointSaverHook(

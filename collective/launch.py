@@ -19,11 +19,18 @@ import logging
 import os
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
+
+from collective.stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
+from collective.stall import ENV as HEARTBEAT_ENV
+from collective.stall import EXIT_CODE as STALL_EXIT_CODE
+from collective.stall import StallWatch, timeout_from_env
 
 logger = logging.getLogger("collective.launch")
 
@@ -173,9 +180,20 @@ class Job:
                 t.start()
                 self._threads.append(t)
 
-    def wait(self) -> int:
-        """Waits for every worker; on the first failure stops the rest. Returns the job's exit code."""
+    def wait(self, watch: Optional[StallWatch] = None) -> int:
+        """Waits for every worker; on the first failure, or a stall ``watch`` reports, stops the rest.
+
+        Returns the job's exit code (:data:`collective.stall.EXIT_CODE` for a stall).
+        """
+        next_check = time.monotonic() + 1.0
         while True:
+            if watch is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                stalled = watch.check()
+                if stalled:
+                    logger.error("%s\nstopping the job", stalled)
+                    self.stop()
+                    return STALL_EXIT_CODE
             running = False
             for rank, proc in enumerate(self.procs):
                 code = proc.poll()
@@ -231,14 +249,27 @@ def stop_grace_seconds() -> float:
     return seconds
 
 
-def run_local(command: List[str], size: int, gpus: Sequence[str]) -> int:
-    """Runs ``command`` as ``size`` workers on this host and returns the job's exit code."""
+def run_local(command: List[str], size: int, gpus: Sequence[str],
+              stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> int:
+    """Runs ``command`` as ``size`` workers on this host and returns the job's exit code.
+
+    Workers report progress to files in a temporary folder (:mod:`collective.stall`); with a
+    ``stall_timeout`` (seconds, 0: off) a job whose workers make no progress that long is stopped.
+    """
     server, port = _start_rendezvous(size)
     cores = os.cpu_count() or 1
     base = dict(os.environ)
+    beats = tempfile.mkdtemp(prefix="collective-heartbeats-")
+    files = [os.path.join(beats, f"rank{rank}") for rank in range(size)]
     envs = [worker_env(base, rank, size, gpus, cores, port) for rank in range(size)]
+    for env, path in zip(envs, files):
+        env[HEARTBEAT_ENV] = path
+        if stall_timeout > 0:
+            # Gloo's own limit (30 s) would end waits our detector allows: a long save on one rank.
+            env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(stall_timeout + 60)))
     logger.info("starting %d worker(s): %s", size, " ".join(shlex.quote(c) for c in command))
     job = Job(command, envs)
+    watch = StallWatch(files, [p.pid for p in job.procs], stall_timeout) if stall_timeout > 0 else None
 
     def _interrupt(signum, _frame):
         # SIGTERM is a preemption notice: workers that train with checkpoints save one (collective.preemption).
@@ -250,11 +281,12 @@ def run_local(command: List[str], size: int, gpus: Sequence[str]) -> int:
 
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return job.wait()
+        return job.wait(watch)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         server.stop()
+        shutil.rmtree(beats, ignore_errors=True)
 
 
 def horovodrun_command(command: List[str], size: int, hosts: str) -> List[str]:
@@ -276,7 +308,7 @@ def total_slots(hosts: str) -> int:
     return total
 
 
-_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "-m")
+_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "--stall-timeout", "-m")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -294,6 +326,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "horovodrun spells it")
     parser.add_argument("--hosts", "-H", dest="hosts", default=None,
                         help="HOST:SLOTS,... for a multi-host job, handed to horovodrun; -H as horovodrun spells it")
+    parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop the job when no worker makes progress for this long (default: "
+                             "COLLECTIVE_STALL_TIMEOUT, else 300; 0: off); checkpoint saves and evaluation "
+                             "never count as a stall")
     parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
     own, rest = [], list(argv)
     while rest:
@@ -329,7 +365,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         gpus = visible_gpus()
         source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia-smi"
         size = worker_count(args.num_workers, gpus, source)
-        return run_local(command, size, gpus)
+        try:
+            stall_timeout = timeout_from_env() if args.stall_timeout is None else args.stall_timeout
+        except ValueError as err:
+            raise LaunchError(str(err)) from None
+        if stall_timeout < 0:
+            raise LaunchError(f"--stall-timeout {stall_timeout:g} must be >= 0 (0 turns stall detection off)")
+        return run_local(command, size, gpus, stall_timeout)
     except LaunchError as err:
         logger.error("%s", err)
         return 2

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from collective import comm, preemption
+from collective import comm, heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
@@ -139,7 +139,8 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
         for listener in self._listeners:
             listener.before_save(session, step)
         logger.info("Saving checkpoints for %d into %s.", step, self._save_path)
-        self._get_saver().save(session, self._save_path, global_step=step, write_meta_graph=self._save_graph_def)
+        with heartbeat.phase("save"):
+            self._get_saver().save(session, self._save_path, global_step=step, write_meta_graph=self._save_graph_def)
         if self._chief:
             self._summary_writer.add_session_log(
                 tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.CHECKPOINT,
@@ -204,6 +205,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                                              save_steps=save_checkpoint_steps or None, scaffold=scaffold,
                                              save_graph_def=save_graph_def))
     all_hooks.extend(hooks or [])
+    all_hooks.append(heartbeat.HeartbeatHook())
     original = patches.original(monitored_session, "MonitoredTrainingSession")
     if not chief:
         save_summaries_steps = save_summaries_secs = log_step_count_steps = None

@@ -274,3 +274,37 @@ def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, 
     assert not still_running([read_pid(pid_dir, r) for r in range(2)], "restart_mts.py")
     cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{step}"), uninterrupted(step), "preempted")
     cc.assert_hash_checkpoints_equal(str(model_dir / f"model.ckpt-{step}"), str(one_worker / f"model.ckpt-{step}"))
+
+
+def test_a_stopped_worker_stalls_the_job_and_the_launcher_names_it(tmp_path):
+    """SIGSTOP one worker mid-training: the launcher ends the job, names that rank and leaves no process."""
+    model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
+    pid_dir.mkdir()
+    timeout = 6
+    proc = start_workers("restart_mts.py", 2, [model_dir, pid_dir, 1000],
+                         env={"RESTART_PREEMPTIBLE": "1", "COLLECTIVE_STALL_TIMEOUT": str(timeout)})
+    output = Output(proc.stdout)
+    output.wait_for("[1] rank 1 step 2", START_TIMEOUT)
+    pids = [read_pid(pid_dir, r) for r in range(2)]
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    code = proc.wait(timeout=timeout + 60)
+    elapsed = time.monotonic() - stopped_at
+    output.join()
+    assert code == 124, output.text()[-4000:]
+    assert elapsed < timeout + 10, f"the launcher took {elapsed:.0f} s"
+    text = output.text()
+    assert "the job stalled: no worker made progress" in text, text[-4000:]
+    assert "rank 1 holds it up" in text and "its process is stopped" in text, text[-4000:]
+    assert "rank 0 wait: inside step" in text, text[-4000:]
+    assert not still_running(pids, "restart_mts.py")
+
+
+def test_a_long_save_on_rank_0_is_not_a_stall(tmp_path, uninterrupted):
+    """The others wait in the save's barrier longer than the stall timeout: the job goes on and ends well."""
+    model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = run_workers("restart_mts.py", 2, [model_dir, pid_dir, LAST_STEP],
+                       env={"RESTART_SLOW_SAVE": "9:2", "COLLECTIVE_STALL_TIMEOUT": "3"}, timeout=START_TIMEOUT)
+    assert "[0] rank 0 saving step 2 slowly" in proc.stdout
+    cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{LAST_STEP}"), uninterrupted(LAST_STEP), "after a long save")

@@ -6,7 +6,9 @@ latest checkpoint in ``checkpoint_dir`` (as MonitoredTrainingSession does).
 Writes this worker's pid to ``pid_dir``. With ``R:S``, worker R holds after
 step S and its checkpoint: the others wait for it inside step S + 1.
 With ``RESTART_PREEMPTIBLE=1`` in the environment it checkpoints at the
-start only and takes a second per step, for the preemption (SIGTERM) test.
+start only and takes a second per step (the preemption and stall tests);
+with ``RESTART_SLOW_SAVE=SECONDS:STEP`` rank 0's save of step STEP first
+sleeps that long (a long save the others wait for).
 """
 
 import os
@@ -21,6 +23,19 @@ import restart_cases as rc
 checkpoint_dir, pid_dir, last_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hold = rc.parse_hold(sys.argv[4] if len(sys.argv) > 4 else None)
 preemptible = os.environ.get("RESTART_PREEMPTIBLE") == "1"
+if os.environ.get("RESTART_SLOW_SAVE"):
+    from collective.checkpoint import Saver
+
+    seconds, slow_step = map(int, os.environ["RESTART_SLOW_SAVE"].split(":"))
+    original_save = Saver.save
+
+    def slow_save(self, sess, save_path, global_step=None, *args, **kwargs):
+        if hb.context.rank == 0 and global_step == slow_step:
+            print(f"rank 0 saving step {slow_step} slowly", flush=True)
+            time.sleep(seconds)
+        return original_save(self, sess, save_path, global_step, *args, **kwargs)
+
+    Saver.save = slow_save
 
 
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
