@@ -201,7 +201,7 @@ class Job:
                     running = True
                 elif code != 0:
                     exit_code = code if code > 0 else 128 - code
-                    logger.error("worker %d exited with code %d; stopping the other workers", rank, exit_code)
+                    logger.error("worker %d %s; stopping the other workers", rank, exit_reason(code))
                     self.stop()
                     return exit_code
             if not running:
@@ -228,6 +228,21 @@ class Job:
     def _drain(self) -> None:
         for t in self._threads:
             t.join(timeout=2.0)
+
+
+def exit_reason(code: int) -> str:
+    """How a worker ended, for the log: its exit code, or the signal that killed it (with a hint for SIGKILL)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    text = f"was killed by {name} (exit code {128 - code})"
+    if -code == signal.SIGKILL:
+        text += ("; nobody in this job sent it, so the likeliest sender is the kernel's out-of-memory killer: see "
+                 "`dmesg | grep -i oom`, and give the job more memory or fewer workers per host")
+    return text
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -217,7 +217,10 @@ def one_worker(tmp_path_factory) -> pathlib.Path:
 
 
 def test_killed_job_exits_nonzero_and_leaves_no_worker_running(restart):
-    assert restart.killed_code != 0, restart.killed_output[-4000:]
+    assert restart.killed_code == 137, restart.killed_output[-4000:]
+    victim = restart.scenario.victim
+    assert f"worker {victim} was killed by SIGKILL (exit code 137)" in restart.killed_output
+    assert "out-of-memory killer" in restart.killed_output  # the usual sender of a SIGKILL nobody in the job sent
     assert restart.left_running == [], f"workers still running after the launcher exited: {restart.left_running}"
 
 
@@ -274,6 +277,12 @@ def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, 
     assert not still_running([read_pid(pid_dir, r) for r in range(2)], "restart_mts.py")
     cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{step}"), uninterrupted(step), "preempted")
     cc.assert_hash_checkpoints_equal(str(model_dir / f"model.ckpt-{step}"), str(one_worker / f"model.ckpt-{step}"))
+    # The same command again resumes there and ends as an uninterrupted run.
+    rerun = run_workers("restart_mts.py", 2, [model_dir, pid_dir, LAST_STEP], timeout=START_TIMEOUT)
+    assert f"[0] rank 0 started at step {step}" in rerun.stdout
+    final = str(model_dir / f"model.ckpt-{LAST_STEP}")
+    cc.assert_checkpoint_equals(final, uninterrupted(LAST_STEP), "resumed after preemption")
+    cc.assert_hash_checkpoints_equal(final, str(one_worker / f"model.ckpt-{LAST_STEP}"))
 
 
 def test_a_stopped_worker_stalls_the_job_and_the_launcher_names_it(tmp_path):
