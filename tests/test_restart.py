@@ -256,14 +256,15 @@ def test_rerun_leaves_no_parts_of_the_killed_save(restart):
     assert sorted(str(p.relative_to(restart.model_dir)) for p in restart.model_dir.rglob("*_temp*")) == []
 
 
-def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, uninterrupted, one_worker):
+@pytest.mark.parametrize("script", ["restart_mts.py", "restart_estimator.py"])
+def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, uninterrupted, one_worker, script):
     """Preemption: SIGTERM to the launcher; the workers finish their step, save it together and exit.
 
     The job checkpoints at its start only: without the preemption save the latest checkpoint is step 0.
     """
     model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = start_workers("restart_mts.py", 2, [model_dir, pid_dir, LAST_STEP], env={"RESTART_PREEMPTIBLE": "1"})
+    proc = start_workers(script, 2, [model_dir, pid_dir, LAST_STEP], env={"RESTART_PREEMPTIBLE": "1"})
     output = Output(proc.stdout)
     output.wait_for("[1] rank 1 step 2", START_TIMEOUT)
     proc.send_signal(signal.SIGTERM)
@@ -274,12 +275,13 @@ def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, 
     assert 2 <= step < LAST_STEP, output.text()[-4000:]
     for r in range(2):
         assert f"[{r}] preempted: checkpoint {model_dir / f'model.ckpt-{step}'} saved" in output.text()
-    assert not still_running([read_pid(pid_dir, r) for r in range(2)], "restart_mts.py")
+    assert not still_running([read_pid(pid_dir, r) for r in range(2)], script)
     cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{step}"), uninterrupted(step), "preempted")
     cc.assert_hash_checkpoints_equal(str(model_dir / f"model.ckpt-{step}"), str(one_worker / f"model.ckpt-{step}"))
     # The same command again resumes there and ends as an uninterrupted run.
-    rerun = run_workers("restart_mts.py", 2, [model_dir, pid_dir, LAST_STEP], timeout=START_TIMEOUT)
-    assert f"[0] rank 0 started at step {step}" in rerun.stdout
+    rerun = run_workers(script, 2, [model_dir, pid_dir, LAST_STEP], timeout=START_TIMEOUT)
+    if script == "restart_mts.py":
+        assert f"[0] rank 0 started at step {step}" in rerun.stdout
     final = str(model_dir / f"model.ckpt-{LAST_STEP}")
     cc.assert_checkpoint_equals(final, uninterrupted(LAST_STEP), "resumed after preemption")
     cc.assert_hash_checkpoints_equal(final, str(one_worker / f"model.ckpt-{LAST_STEP}"))

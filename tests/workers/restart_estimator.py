@@ -6,10 +6,14 @@ Estimator resumes from the latest checkpoint in ``model_dir`` and the input
 function starts at that checkpoint's step. Writes this worker's pid to
 ``pid_dir``. With ``R:S``, worker R holds right after it writes its part of
 the step-S checkpoint, before the merge: the other workers have written
-theirs and wait for it in the save's barrier.
+theirs and wait for it in the save's barrier. With ``RESTART_PREEMPTIBLE=1``
+in the environment it checkpoints at the start only and takes a second per
+step, printing ``rank R step S`` after each (the preemption test).
 """
 
+import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,13 +32,18 @@ progress = rc.Progress(r, hold)
 
 
 class ProgressListener(tf.compat.v1.train.CheckpointSaverListener):
-    """Prints the progress lines after each checkpoint; the first one is the save right after the restore."""
+    """Prints a progress line after each checkpoint."""
 
     def after_save(self, session, global_step_value):
-        if progress.started is None:
-            progress.start(global_step_value)
-        else:
+        if progress.started is not None and global_step_value != progress.started:
             progress.step(global_step_value)
+
+
+class StartHook(tf.compat.v1.train.SessionRunHook):
+    """Prints the step the session starts at (restored, or 0)."""
+
+    def after_create_session(self, session, coord):
+        progress.start(session.run(tf.compat.v1.train.get_global_step()))
 
 
 def write_parts_then_hold(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
@@ -62,7 +71,18 @@ def model_fn(features, labels, mode):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-config = tf.estimator.RunConfig(save_checkpoints_steps=1, keep_checkpoint_max=3)
+class SlowStepHook(tf.compat.v1.train.SessionRunHook):
+    """A second per step, with a progress line after each."""
+
+    def after_run(self, run_context, run_values):
+        step = run_context.session.run(tf.compat.v1.train.get_global_step())
+        print(f"rank {r} step {step}", flush=True)
+        time.sleep(1.0)
+
+
+preemptible = os.environ.get("RESTART_PREEMPTIBLE") == "1"
+config = tf.estimator.RunConfig(save_checkpoints_steps=1000 if preemptible else 1, keep_checkpoint_max=3)
 with strategy.scope(), tf.Graph().as_default():
     estimator = strategy.estimator(model_fn, model_dir, config=config)
-    estimator.train(input_fn, max_steps=last_step, saving_listeners=[ProgressListener()])
+    estimator.train(input_fn, max_steps=last_step, saving_listeners=[ProgressListener()],
+                    hooks=[StartHook()] + ([SlowStepHook()] if preemptible else []))
