@@ -33,14 +33,17 @@ def strategy_for(backend):
     return strategy, strategy.embedding_scope, tf.compat.v1.train
 
 
-def train(strategy, scope, train_module, optimizer_name):
+def train_each_optimizer(strategy, scope, train_module):
+    """Builds the model once, then trains it from its initial values with each optimizer in turn.
+
+    Results are keyed ``<optimizer>/<what>/<table>``; the forward and gradient graph is shared (building it
+    is most of the cost), each optimizer adds its own slots and update ops.
+    """
     r, n = strategy.rank(), strategy.world_size()
     results = {}
     with tf.Graph().as_default():
         model = cases.build(strategy, scope)
-        optimizer = cases.make_optimizer(optimizer_name, train_module)
-        grads = optimizer.compute_gradients(model.loss)
-        train_op = optimizer.apply_gradients(grads)
+        grads = cases.make_optimizer(cases.OPTIMIZERS[0], train_module).compute_gradients(model.loss)
         fixed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e not in cases.HASHED
                  for i, t in enumerate(ts)}
         hashed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e in cases.HASHED
@@ -52,34 +55,36 @@ def train(strategy, scope, train_module, optimizer_name):
         kinds = {by_var[id(v)]: np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads if id(v) in by_var}
         kinds.update({cases.table_key(e, 0): np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads
                       for e in cases.HASHED if v is model.tables[e][0]})
-        results.update({f"sparse_gradient/{k}": v for k, v in kinds.items()})
-        entries = {}
-        for key, table in hashed.items():
-            keys, rows = hash_table.table_of(table).entries()
-            entries[key] = (keys, tf.gather(table, rows))
+        first = {**{f"out/{k}": v for k, v in model.outputs.items()},
+                 **{f"grad/{k}": v for k, v in averaged.items()}}
         final = {f"final/{key}": table for key, table in fixed.items()}
         final.update({f"final/{var.op.name}": var for var in model.dense})
-        for key, table in fixed.items():
-            for slot in optimizer.get_slot_names():
-                if optimizer.get_slot(table, slot) is not None:
-                    final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
-        for key, (keys, values) in entries.items():
-            final[f"hash_keys/{key}"], final[f"hash_values/{key}"] = keys, values
+        for key, table in hashed.items():
+            keys, rows = hash_table.table_of(table).entries()
+            final[f"hash_keys/{key}"], final[f"hash_values/{key}"] = keys, tf.gather(table, rows)
+        runs = []
+        for name in cases.OPTIMIZERS:
+            optimizer = cases.make_optimizer(name, train_module)
+            train_op = optimizer.apply_gradients(grads)
+            slots = {f"slot/{key}/{slot}": optimizer.get_slot(table, slot) for key, table in fixed.items()
+                     for slot in optimizer.get_slot_names() if optimizer.get_slot(table, slot) is not None}
+            runs.append((name, train_op, slots))
+        init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()]
         with tf.compat.v1.Session(config=FAST_START) as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            results.update(sess.run({f"init/{key}": table for key, table in fixed.items()}))
-            for key, table in fixed.items():
-                results[f"replicated/{key}"] = np.array(shard_of(table) is None or shard_of(table).layout.replicated)
-            feed = cases.feed_dict(model.features, cases.local_batch(0, r, n), plain=False)
-            first = {**{f"out/{k}": v for k, v in model.outputs.items()},
-                     **{f"grad/{k}": v for k, v in averaged.items()}}
-            results.update(sess.run(first, feed))
-            losses = []
-            for step in range(cases.STEPS):
-                feed = cases.feed_dict(model.features, cases.local_batch(step, r, n), plain=False)
-                losses.append(sess.run([model.loss, train_op], feed)[0])
-            results["losses"] = np.array(losses)
-            results.update(sess.run(final))
+            for name, train_op, slots in runs:
+                sess.run(init)  # every table, hash index and slot back to its initial value
+                out = {f"sparse_gradient/{k}": v for k, v in kinds.items()}
+                out.update(sess.run({f"init/{key}": table for key, table in fixed.items()}))
+                for key, table in fixed.items():
+                    out[f"replicated/{key}"] = np.array(shard_of(table) is None or shard_of(table).layout.replicated)
+                out.update(sess.run(first, cases.feed_dict(model.features, cases.local_batch(0, r, n), plain=False)))
+                losses = []
+                for step in range(cases.STEPS):
+                    feed = cases.feed_dict(model.features, cases.local_batch(step, r, n), plain=False)
+                    losses.append(sess.run([model.loss, train_op], feed)[0])
+                out["losses"] = np.array(losses)
+                out.update(sess.run({**final, **slots}))
+                results.update({f"{name}/{key}": value for key, value in out.items()})
     return results
 
 
@@ -121,9 +126,7 @@ def run(backend):
     strategy, scope, train_module = strategy_for(backend)
     results = {}
     with strategy.scope():
-        for name in cases.OPTIMIZERS:
-            for key, value in train(strategy, scope, train_module, name).items():
-                results[f"{name}/{key}"] = value
+        results.update(train_each_optimizer(strategy, scope, train_module))
         if backend != "hb-api":
             results.update(refusals(strategy, scope))
     path = os.path.join(out_dir, backend)
