@@ -173,3 +173,13 @@ def test_hybridbackend_names_in_graph_mode(tmp_path):
                 sess.run(batch)
     np.testing.assert_array_equal(first["row"], [0, 1, 2, 3])
     np.testing.assert_array_equal(second["row"], [4, 5])
+
+
+def test_each_worker_logs_its_own_share_only(tmp_path, caplog):
+    """Regression: counting every rank's rows (the model zoo does) logged "worker 1/2 reads ..." on rank 0."""
+    files, _ = write_files(tmp_path)
+    with caplog.at_level("DEBUG", logger="collective.data"):
+        for r in range(2):
+            cd.plan(files, [], rank=r, world_size=2)
+    shares = [rec for rec in caplog.records if "reads" in rec.getMessage()]
+    assert [(rec.levelname, rec.getMessage().split()[1]) for rec in shares] == [("INFO", "0/2"), ("DEBUG", "1/2")]

@@ -25,6 +25,14 @@ logger = logging.getLogger("collective.data")
 LIST_FORMATS = ("ragged", "sparse")
 
 
+def _own_rank() -> Optional[int]:
+    """This process's rank, None where the environment does not say (planning for other ranks is allowed)."""
+    try:
+        return resolve_rank(None, None)[0]
+    except Exception:  # pylint: disable=broad-except
+        return None
+
+
 def plan(filenames: FileSpec, fields: Optional[Sequence[str]] = None, *, rank: Optional[int] = None,
          world_size: Optional[int] = None, shard_by: str = "auto"):
     """This worker's pieces and the checked schema of ``fields``: ``(pieces, schema)``.
@@ -32,12 +40,15 @@ def plan(filenames: FileSpec, fields: Optional[Sequence[str]] = None, *, rank: O
     Raises :class:`DataError` naming a missing file or column, or the column
     whose type differs between two files.
     """
+    own_rank = _own_rank() if rank is not None else None
     rank, world_size = resolve_rank(rank, world_size)
     infos = [read_info(path) for path in expand_filenames(filenames)]
     schema = check_same_schema(infos, list(fields) if fields is not None else None)
     pieces = shard_pieces(infos, rank, world_size, shard_by)
-    logger.info("worker %d/%d reads %d row group(s), %d rows, of %d file(s)", rank, world_size,
-                len(pieces), sum(p.num_rows for p in pieces), len(infos))
+    # Each worker logs its own share; planning another rank's (to count its rows) is not news.
+    logger.log(logging.INFO if own_rank in (None, rank) else logging.DEBUG,
+               "worker %d/%d reads %d row group(s), %d rows, of %d file(s)", rank, world_size,
+               len(pieces), sum(p.num_rows for p in pieces), len(infos))
     return pieces, schema
 
 
