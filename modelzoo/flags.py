@@ -12,7 +12,14 @@ from modelzoo.heads import OPTIMIZERS
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each flag's default after its help text, from the parser itself (never out of date)."""
+    """Shows each flag's default after its help text, from the parser itself (never out of date), once:
+    a help text that already says its default, or a flag without one, is left as it is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return text  # says it already, has none, or is an on/off switch
+        return super()._get_help_string(action)
 
 
 def int_list(text: str) -> Sequence[int]:
@@ -30,7 +37,7 @@ def int_list(text: str) -> Sequence[int]:
 def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argparse.ArgumentParser:
     """The shared flags; ``defaults`` holds the model's own (``batch_size``, ``steps``, ``learning_rate``,
     ``optimizer``, ``shuffle_buffer``, ``model_dir``)."""
-    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Formatter)
+    p = argparse.ArgumentParser(prog=prog, description=description.replace("``", ""), formatter_class=_Formatter)
     p.add_argument("--backend", choices=exchanges.names(),
                    default=os.environ.get("COLLECTIVE_STRATEGY", "hb").strip().lower() or "hb",
                    help="embedding exchange (default from COLLECTIVE_STRATEGY, else hb)")

@@ -3,6 +3,7 @@ that plain TensorFlow serves, and matches the plain single-process TensorFlow ba
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -169,3 +170,20 @@ def test_exported_saved_models_serve_in_plain_tensorflow(zoo):
     served = json.loads(proc.stdout.strip().splitlines()[-1])
     for path, (key, want) in expected.items():
         np.testing.assert_allclose(served[path][key], want, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+@pytest.mark.parametrize("module", ["modelzoo.dlrm.model", "modelzoo.deepfm.model", "modelzoo.movielens.model"])
+def test_train_help_shows_each_default_once_in_plain_text(module, capsys):
+    """Regression: "(default from COLLECTIVE_STRATEGY, else hb) (default: hb)" and ``model_fn`` markup."""
+    import importlib
+
+    from modelzoo import flags
+
+    recipe = importlib.import_module(module).RECIPE
+    p = flags.parser(f"{recipe.name}/train.py", recipe.description, recipe.defaults)
+    recipe.add_flags(p)
+    text = p.format_help()
+    assert "``" not in text
+    for flag in re.findall(r"^  (--[a-z_]+)", text, flags=re.M):
+        block = text.split(f"  {flag}", 1)[1].split("\n  --", 1)[0]
+        assert block.count("default") <= 1, f"{flag}: {block}"
