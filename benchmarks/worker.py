@@ -134,8 +134,9 @@ def run(spec: Dict[str, Any], out_dir: str) -> None:
             counter = comm.bytes_counter()
             tables = [v for v in tf.compat.v1.global_variables() if _is_embedding(v)]
             dense = [v for v in tf.compat.v1.trainable_variables() if not _is_embedding(v)]
-            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0)),
-                                              inter_op_parallelism_threads=int(os.environ.get("TF_NUM_INTEROP_THREADS", 0)))
+            config = context.session_config(tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0)),
+                inter_op_parallelism_threads=int(os.environ.get("TF_NUM_INTEROP_THREADS", 0))))
             with tf.compat.v1.Session(config=config) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
                 sess.run(after_init)

@@ -9,13 +9,16 @@ step, by the byte model of :mod:`collective.byte_model`.
 
 from __future__ import annotations
 
+import logging
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from collective import context
+from collective import context, devices
 from collective.byte_model import sent_bytes
+
+logger = logging.getLogger(__name__)
 
 BYTES_COLLECTION = "collective_bytes_sent"
 _eager_counter: Optional[tf.Variable] = None
@@ -44,6 +47,20 @@ def init() -> None:
         raise RuntimeError(f"Horovod says rank {hvd.rank()} of {hvd.size()} but the environment says "
                            f"{rank()} of {world_size()}; start workers with python -m collective.launch")
     _initialized = True
+    _pin_gpu(devices.LocalRank(hvd.local_rank(), hvd.local_size(), devices.HOROVOD))
+
+
+def _pin_gpu(horovod: devices.LocalRank) -> None:
+    """Takes Horovod's local rank (it counts the processes actually on this host) and pins this worker's GPU."""
+    ctx = context.get()
+    if (horovod.rank, horovod.size) != (ctx.local_rank, ctx.local_size):
+        if ctx.local_source != devices.ASSUMED_ONE_HOST:
+            logger.warning("Horovod says local rank %d of %d but %s says %d of %d; using Horovod's",
+                           horovod.rank, horovod.size, ctx.local_source, ctx.local_rank, ctx.local_size)
+        ctx = ctx.with_local_rank(horovod, devices.gpu_source())
+        context.set(ctx)
+    logger.debug("%s", ctx.placement.describe())
+    devices.pin_tensorflow(ctx.placement)
 
 
 def _hvd():

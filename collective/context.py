@@ -2,26 +2,28 @@
 
 Everything is read from the environment once, when :func:`get` is first
 called; the launcher (``python -m collective.launch``) and ``horovodrun`` set
-the rank variables, the user sets the options. Nothing here initialises
-Horovod: a single process with no launcher is rank 0 of 1.
+the rank variables, the user sets the options. The local rank and this
+worker's GPU come from :mod:`collective.devices` (any launcher's variables).
+Nothing here initialises Horovod: a single process with no launcher is rank 0
+of 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence, Tuple
 
+from collective import devices
 from collective.embedding import exchanges
 
 KERNELS = ("tf", "cupy")
 
 # Rank variables, in the order they are looked for: ours (set by our
 # launcher), Horovod's (set by horovodrun and by our launcher), then MPI's.
+# The local rank's are in collective.devices.LOCAL_RANK_SOURCES.
 _RANK_VARS = ("COLLECTIVE_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _SIZE_VARS = ("COLLECTIVE_WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_LOCAL_RANK_VARS = ("COLLECTIVE_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
-_LOCAL_SIZE_VARS = ("COLLECTIVE_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 class OptionError(ValueError):
@@ -68,8 +70,9 @@ class Context:
     Attributes:
       rank: this worker's index in ``[0, world_size)``.
       world_size: number of worker processes in the job.
-      local_rank: index among the workers on this host.
+      local_rank: index among the workers on this host (:func:`collective.devices.local_rank`).
       local_size: number of workers on this host.
+      local_source: where ``local_rank`` was read (a variable name, or Horovod's ``hvd.local_rank()``).
       backend: the default embedding exchange (``COLLECTIVE_STRATEGY``), a name registered in
         :mod:`collective.embedding.exchanges`; ``CollectiveStrategy(backend=...)`` overrides it for its scope.
       kernels: implementation of the id kernels (``COLLECTIVE_KERNELS``): ``tf``; ``cupy`` is
@@ -79,6 +82,8 @@ class Context:
         least ``world_size`` rows).
       hb_comm_default: HybridBackend's ``HB_COMM_DEFAULT`` as given.
       hb_comm_pool_capacity: HybridBackend's ``HB_COMM_POOL_CAPACITY`` as given.
+      gpus: the GPUs this process sees (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``).
+      gpu_index: this worker's GPU in ``gpus`` (its ``visible_device_list``), None on CPU.
     """
 
     rank: int = 0
@@ -90,12 +95,31 @@ class Context:
     replicate_below_bytes: int = 0
     hb_comm_default: str = "NCCL"
     hb_comm_pool_capacity: int = 1
-    gpu: Optional[str] = None
+    local_source: str = devices.ASSUMED_ONE_HOST
+    gpus: Tuple[str, ...] = ()
+    gpu_index: Optional[int] = None
+
+    @property
+    def placement(self) -> devices.Placement:
+        """This worker's GPU and the ``visible_device_list`` that pins a session to it."""
+        local = devices.LocalRank(self.local_rank, self.local_size, self.local_source)
+        return devices.Placement(local, self.gpus, self.gpu_index)
+
+    @property
+    def gpu(self) -> Optional[str]:
+        """This worker's GPU as its process's CUDA numbers it (a ``CUDA_VISIBLE_DEVICES`` entry), or None."""
+        return self.placement.gpu
 
     @property
     def device(self) -> str:
-        """The TensorFlow device this worker computes on."""
-        return "/gpu:0" if self.gpu is not None else "/cpu:0"
+        """The TensorFlow device this worker computes on, in a session made with ``session_config()``."""
+        return self.placement.device
+
+    def with_local_rank(self, local: devices.LocalRank, source: str = "CUDA_VISIBLE_DEVICES") -> "Context":
+        """This context with another local rank (Horovod's, once initialised) and the GPU it implies."""
+        where = devices.place(local, self.gpus, source)
+        return dataclasses.replace(self, local_rank=local.rank, local_size=local.size, local_source=local.source,
+                                   gpu_index=where.index)
 
     @property
     def is_chief(self) -> bool:
@@ -112,8 +136,12 @@ class Context:
                 f"replicate_below_bytes={self.replicate_below_bytes})")
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Context":
-        """Reads the context from ``env`` (default: ``os.environ``)."""
+    def from_env(cls, env: Optional[Mapping[str, str]] = None, gpus: Optional[Sequence[str]] = None) -> "Context":
+        """Reads the context from ``env`` (default: ``os.environ``).
+
+        ``gpus`` overrides the GPUs the process sees (default: :func:`collective.devices.visible_gpus`).
+        Raises :class:`collective.devices.TooManyWorkersError` when this host has more workers than GPUs.
+        """
         env = os.environ if env is None else env
         world_size = _first_int(env, _SIZE_VARS, 1)
         rank = _first_int(env, _RANK_VARS, 0)
@@ -126,19 +154,25 @@ class Context:
                               "DLPack wiring needs TensorFlow tensors on a GPU and has not been built and checked "
                               "on one); unset it or set COLLECTIVE_KERNELS=tf. The kernels themselves are in "
                               "collective.kernels.cupy_ops")
-        visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
-        gpu = visible.split(",")[0] if visible and visible != "-1" else None
+        try:
+            where = devices.placement(env, rank=rank, world_size=world_size, gpus=gpus)
+        except devices.TooManyWorkersError:
+            raise
+        except ValueError as err:
+            raise OptionError(str(err)) from None
         return cls(
             rank=rank,
             world_size=world_size,
-            local_rank=_first_int(env, _LOCAL_RANK_VARS, rank),
-            local_size=_first_int(env, _LOCAL_SIZE_VARS, world_size),
+            local_rank=where.local.rank,
+            local_size=where.local.size,
+            local_source=where.local.source,
+            gpus=where.gpus,
+            gpu_index=where.index,
             backend=_backend(env),
             kernels=kernels,
             replicate_below_bytes=_nonnegative_int(env, "COLLECTIVE_REPLICATE_BELOW_BYTES", 0),
             hb_comm_default=env.get("HB_COMM_DEFAULT", "NCCL"),
             hb_comm_pool_capacity=_first_int(env, ("HB_COMM_POOL_CAPACITY",), 1),
-            gpu=gpu,
         )
 
 
@@ -151,6 +185,12 @@ def get() -> Context:
     if _context is None:
         _context = Context.from_env()
     return _context
+
+
+def session_config(base=None):
+    """``base`` (a ``tf.compat.v1.ConfigProto``, copied) pinned to this worker's GPU: see
+    :func:`collective.devices.session_config`. Every session collective makes uses it."""
+    return devices.session_config(base, get().placement)
 
 
 def reset() -> None:

@@ -32,8 +32,9 @@ import tempfile
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
-from collective import checkpoint, comm, heartbeat, hooks as hooks_lib, session as session_lib, sync
+from collective import checkpoint, comm, context, heartbeat, hooks as hooks_lib, session as session_lib, sync
 from collective.embedding import hash_table
 from collective.tf_internals import estimator_lib, function_utils, patches
 
@@ -90,10 +91,12 @@ class CollectiveEstimator:
             model_dir = shared_temporary_model_dir()
         self._user_config = config
         self._throughput_every = (throughput_every_n_steps or config.log_step_count_steps or 100)
-        worker_config = config
+        # Estimator's own default config when none is given, pinned to this worker's GPU.
+        worker_config = config.replace(session_config=context.session_config(
+            config.session_config if config.session_config is not None else _default_session_config()))
         if comm.rank() != 0:
             # Estimator and MonitoredTrainingSession add summary, step-counter and logging hooks from these.
-            worker_config = config.replace(save_summary_steps=0, log_step_count_steps=None)
+            worker_config = worker_config.replace(save_summary_steps=0, log_step_count_steps=None)
         self._estimator = _Estimator(
             model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params)
 
@@ -311,6 +314,13 @@ def _every_worker_calls() -> Iterator[None]:
             "evaluate and predict look up sharded tables together: call them on every worker (each with its own "
             "input; predict yields each worker's own predictions). To predict in one process, export a SavedModel "
             "(export_saved_model, on every worker) and load it with plain TensorFlow.") from err
+
+
+def _default_session_config() -> tf.compat.v1.ConfigProto:
+    """The config ``tf.estimator.Estimator`` uses when ``RunConfig.session_config`` is None."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    config.graph_options.rewrite_options.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    return config
 
 
 def _checkpoint_saver(config) -> checkpoint.Saver:

@@ -9,7 +9,8 @@ there are GPUs, and TensorFlow's thread pools split between them. Every
 output line is prefixed with its worker's rank. When a worker fails the others
 are stopped and the launcher exits with that worker's code; Ctrl-C stops
 everything. With ``--hosts`` the job is handed to ``horovodrun`` with the same
-environment.
+environment; there each worker sees every GPU of its host and the library pins
+it to the one of its local rank (:mod:`collective.devices`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from collective import devices
+from collective.devices import too_many_workers, visible_gpus
 from collective.stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from collective.stall import ENV as HEARTBEAT_ENV
 from collective.stall import EXIT_CODE as STALL_EXIT_CODE
@@ -48,19 +51,6 @@ class LaunchError(RuntimeError):
     """The job cannot be started as asked."""
 
 
-def visible_gpus(env: Optional[Dict[str, str]] = None) -> List[str]:
-    """The GPUs workers may use: ``CUDA_VISIBLE_DEVICES`` if set, else what ``nvidia-smi`` lists."""
-    env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d for d in (x.strip() for x in visible.split(",")) if d and d != "-1"]
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
-
-
 def worker_count(requested: Optional[int], gpus: Sequence[str], gpu_source: str = "CUDA_VISIBLE_DEVICES") -> int:
     """How many workers to start: ``-n`` if given, else one per GPU, else 1.
 
@@ -72,10 +62,7 @@ def worker_count(requested: Optional[int], gpus: Sequence[str], gpu_source: str 
         if requested < 1:
             raise LaunchError(f"-n {requested}: the number of workers must be at least 1")
         if gpus and requested > len(gpus):
-            raise LaunchError(
-                f"-n {requested} asks for {requested} workers but {gpu_source} lists {len(gpus)} GPU(s) "
-                f"({','.join(gpus)}), and every worker needs a GPU of its own (NCCL refuses two ranks on one GPU): "
-                f"run -n {len(gpus)}, or set CUDA_VISIBLE_DEVICES= (empty) to run {requested} workers on CPU")
+            raise LaunchError(too_many_workers(requested, gpus, gpu_source, f"-n {requested}", f"run -n {len(gpus)}"))
         return requested
     if gpus:
         return len(gpus)
@@ -337,8 +324,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         usage="python -m collective.launch [-n|-np N] [--hosts|-H HOST:SLOTS,...] (SCRIPT | -m MODULE) [ARGS...]",
         description="Start one collective worker per device (GPU, or CPU slot with -n).")
     parser.add_argument("-n", "-np", "--num-workers", dest="num_workers", type=int, default=None,
-                        help="number of workers (default: one per GPU in CUDA_VISIBLE_DEVICES, else 1); -np as "
-                             "horovodrun spells it")
+                        help="number of workers (default: one per GPU in CUDA_VISIBLE_DEVICES; if that is unset, one "
+                             "per GPU nvidia-smi lists; else 1); -np as horovodrun spells it")
     parser.add_argument("--hosts", "-H", dest="hosts", default=None,
                         help="HOST:SLOTS,... for a multi-host job, handed to horovodrun; -H as horovodrun spells it")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
@@ -378,8 +365,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return subprocess.call(full, env=dict(os.environ))
         stop_grace_seconds()  # a bad value fails now, not at preemption
         gpus = visible_gpus()
-        source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia-smi"
-        size = worker_count(args.num_workers, gpus, source)
+        size = worker_count(args.num_workers, gpus, devices.gpu_source())
         try:
             stall_timeout = timeout_from_env() if args.stall_timeout is None else args.stall_timeout
         except ValueError as err:

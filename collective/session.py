@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from collective import comm, heartbeat, preemption
+from collective import comm, context, heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
@@ -185,7 +185,8 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     """``tf.compat.v1.train.MonitoredTrainingSession`` for synchronous workers (same arguments).
 
     Every worker is a chief for session creation (``is_chief`` is ignored:
-    each worker initialises or restores its own shards); rank 0 alone runs
+    each worker initialises or restores its own shards); the session is pinned
+    to this worker's GPU (``config`` is copied, see :func:`collective.context.session_config`); rank 0 alone runs
     ``chief_only_hooks`` and writes summaries and step counts. Checkpoints
     are written by all workers together with :class:`CheckpointSaverHook`.
     """
@@ -213,7 +214,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     return original(master=master, is_chief=True, checkpoint_dir=checkpoint_dir, scaffold=scaffold,
                     hooks=all_hooks, chief_only_hooks=chief_only_hooks, save_checkpoint_secs=None,
                     save_summaries_steps=save_summaries_steps, save_summaries_secs=save_summaries_secs,
-                    config=config, stop_grace_period_secs=stop_grace_period_secs,
+                    config=context.session_config(config), stop_grace_period_secs=stop_grace_period_secs,
                     log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
                     save_checkpoint_steps=None, summary_dir=summary_dir, save_graph_def=save_graph_def)
 

@@ -84,6 +84,23 @@ class CollectiveStrategy:
         with _custom_getter(getter), tf.compat.v1.variable_creator_scope(_sharding_creator(self._context, threshold)):
             yield
 
+    def session_config(self, base: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
+        """A session config pinned to this worker's GPU by its local rank, whatever started the workers.
+
+        ``base`` is copied (default: ``allow_soft_placement=True``) and its
+        ``gpu_options.visible_device_list`` set to this worker's GPU, the usual
+        Horovod step; the session's ``/gpu:0`` is then that GPU. Sessions the
+        library makes (``MonitoredTrainingSession``, the Estimator) use it; pass it
+        to sessions you make yourself. See :mod:`collective.devices`.
+        """
+        comm.init()  # Horovod's local rank, where no launcher variable gave one
+        return context.session_config(base)
+
+    def device(self) -> str:
+        """The device this worker's graph goes on in a session made with :meth:`session_config`."""
+        comm.init()
+        return context.get().device
+
     def estimator(self, model_fn, model_dir, config=None, params=None):
         """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.estimator``)."""
         from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel

@@ -118,7 +118,16 @@ class Server:
 
 
 def device_setter() -> str:
-    """The device this worker's graph goes on: ``/gpu:0`` (the launcher's one GPU per worker) or ``/cpu:0``."""
+    """The device this worker's graph goes on: its own GPU, or ``/cpu:0``.
+
+    The GPU is chosen by local rank whatever started the workers (our launcher, ``horovodrun``,
+    ``mpirun``, ``srun``; :mod:`collective.devices`) and the session is pinned to it:
+    ``hb.train.MonitoredTrainingSession`` and ``hb.estimator.Estimator`` set
+    ``gpu_options.visible_device_list`` to it, so in the session it is named ``/gpu:0`` on every
+    worker (on local rank 1 of a host with four visible GPUs, ``/gpu:0`` is the second GPU). A
+    session made by hand needs ``hb.strategy().session_config()``.
+    """
+    comm.init()  # Horovod's local rank, where no launcher variable gave one
     return context.get().device
 
 
