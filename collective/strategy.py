@@ -101,11 +101,18 @@ class CollectiveStrategy:
         comm.init()
         return context.get().device
 
-    def estimator(self, model_fn, model_dir, config=None, params=None):
-        """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.estimator``)."""
+    def estimator(self, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
+                  throughput_every_n_steps: Optional[int] = None):
+        """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.estimator``).
+
+        ``shard_input=True`` keeps every N-th batch of what ``input_fn`` returns on each worker;
+        ``throughput_every_n_steps`` is the interval of the default throughput hook
+        (:class:`collective.estimator.CollectiveEstimator`).
+        """
         from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 
-        return build_estimator(self, model_fn, model_dir, config=config, params=params)
+        return build_estimator(self, model_fn, model_dir, config=config, params=params, shard_input=shard_input,
+                               throughput_every_n_steps=throughput_every_n_steps)
 
     def export_saved_model(self, export_dir_base, checkpoint_path, signature_def_fn):
         """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (see ``collective.export``)."""

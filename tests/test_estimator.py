@@ -194,3 +194,19 @@ def test_predict_on_one_worker_says_every_worker_must_call_it(tmp_path):
     assert proc.returncode != 0
     assert "WorkersNotInStepError" in proc.stderr + proc.stdout, (proc.stdout[-3000:], proc.stderr[-5000:])
     assert "call them on every worker" in proc.stderr + proc.stdout
+
+
+def test_shard_input_reaches_the_estimator_through_every_front_door(tmp_path):
+    """Regression: docs/estimator.md offered shard_input=True, but strategy.estimator() took no such argument."""
+    import collective.hb as hb
+    from collective import CollectiveStrategy
+
+    def model_fn(features, labels, mode, params):
+        raise AssertionError("not called")
+
+    made = [CollectiveStrategy().estimator(model_fn, str(tmp_path / "a"), shard_input=True, throughput_every_n_steps=7),
+            hb.estimator.Estimator(model_fn, str(tmp_path / "b"), shard_input=True, throughput_every_n_steps=7)]
+    for estimator in made:
+        assert (estimator._shard_input, estimator._throughput_every) == (True, 7)  # pylint: disable=protected-access
+    with pytest.raises(TypeError, match="warm_start_from"):
+        hb.estimator.Estimator(model_fn, str(tmp_path / "c"), warm_start_from=str(tmp_path / "a"))
