@@ -101,14 +101,23 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
     keys = tf.reshape(stored[0], [-1])
     mine = ShardLayout(rank, world_size).owns(keys)
-    # The index orders inserts built in one graph after each other; the restore must not wait for the
-    # training lookup's insert (it would need the model's inputs), so it is built outside that chain.
+    family.restore_block = insert_rows(
+        index, variables, tf.boolean_mask(keys, mine),
+        [tf.boolean_mask(tf.reshape(values, [-1, int(v.shape[1])]), mine) for v, values in zip(variables, stored[1:])])
+
+
+def insert_rows(index, variables: List[tf.Variable], keys: tf.Tensor, values: List[tf.Tensor]) -> tf.Operation:
+    """Inserts ``keys`` (owned by this worker) into ``index`` and writes their rows of each of ``variables``.
+
+    ``values`` holds one ``[keys, dim]`` tensor per variable. The index orders
+    inserts built in one graph after each other; a restore must not wait for
+    a training lookup's insert (it would need the model's inputs), so this one
+    is built outside that chain.
+    """
     last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access
-    rows = index.find_or_insert(tf.boolean_mask(keys, mine))
+    rows = index.find_or_insert(keys)
     index._last_insert = last_insert  # pylint: disable=protected-access
-    family.restore_block = tf.group(*[
-        v.scatter_update(tf.IndexedSlices(tf.boolean_mask(tf.reshape(values, [-1, int(v.shape[1])]), mine), rows))
-        for v, values in zip(variables, stored[1:])])
+    return tf.group(*[v.scatter_update(tf.IndexedSlices(vals, rows)) for v, vals in zip(variables, values)])
 
 
 def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:

@@ -6,6 +6,7 @@
     layer = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=1024, embedding_vec_size=16,
                                       slot_num=10, nnz_per_slot=5, use_hashtable=False)
     emb_vars, other_vars = sok.split_embedding_variable_from_others(model.trainable_variables)
+    sok.Saver().dump_to_file(layer.embedding_variable, "/path/to/dir")  # restores on any world size
 
 Keys are distributed by ``key % world_size``; each worker holds
 ``max_vocabulary_size_per_gpu`` rows. Works in TF2 eager / ``tf.function``
@@ -17,7 +18,8 @@ from collective.sok import optimizers
 from collective.sok.embeddings import All2AllDenseEmbedding, DistributedEmbedding
 from collective.sok.init import Init, UnsupportedStrategyError
 from collective.sok.optimizers import LazyAdamOptimizer
+from collective.sok.saver import Saver
 from collective.sok.utils import OptimizerScope, split_embedding_variable_from_others
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Init", "LazyAdamOptimizer", "OptimizerScope",
-           "UnsupportedStrategyError", "optimizers", "split_embedding_variable_from_others"]
+           "Saver", "UnsupportedStrategyError", "optimizers", "split_embedding_variable_from_others"]

@@ -16,6 +16,12 @@ first sight, a key's first vector drawn from the initializer seeded by the
 key); eagerly, in ``tf.function`` and in TF1 graphs. ``call(..., training=False)``
 looks keys up without inserting them (unseen keys read zeros). ``use_hashtable=False`` indexes rows by
 key, so keys must lie in ``[0, max_vocabulary_size_per_gpu * world_size)``.
+
+As in SOK, ``layer.embedding_variable`` exists before the first call (reading
+it builds the table), and it carries SOK's ``m_var_name``:
+``EmbeddingVariable``, ``EmbeddingVariable_1``, ... in order of layer
+construction (per graph in TF1), the name :class:`collective.sok.Saver`'s
+files take.
 """
 
 from __future__ import annotations
@@ -33,6 +39,15 @@ from collective.sok.init import refuse_tf_distribute
 
 COMBINERS = ("mean", "sum")
 _DEFAULT_INITIALIZER = "random_uniform"
+_SOK_VARIABLE_NAME = "EmbeddingVariable"
+
+
+def _sok_variable_name() -> str:
+    """SOK v1's ``m_var_name`` for the next embedding variable: unique in the (outermost) default graph."""
+    with tf.init_scope():
+        graph = tf.compat.v1.get_default_graph()
+        with graph.name_scope(None):
+            return graph.unique_name(_SOK_VARIABLE_NAME, mark_as_used=True)
 
 
 def _positive(layer: str, name: str, value) -> int:
@@ -73,8 +88,36 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"{kind}: key_dtype={key_dtype!r} must be tf.int64 or tf.int32")
         self.initializer = _initializer(kind, embedding_initializer)
         self.info: Optional[ShardInfo] = None
+        self.m_var_name = _sok_variable_name()
+
+    def __getattr__(self, name):
+        # SOK creates the embedding variable with the layer (programs load values into it before any call);
+        # here build() creates it, so reading it first builds the table.
+        state = self.__dict__
+        # Not while build() runs: Keras' __setattr__ reads the attribute as build() sets it.
+        if name == "embedding_variable" and "m_var_name" in state and not state.get("built") \
+                and not state.get("_building_table"):
+            self._build_table()
+            return state["embedding_variable"]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _build_table(self) -> None:
+        """Builds the layer outside a call, in the name scope a call would use (eagerly: under ``init_scope``)."""
+        if tf.compat.v1.executing_eagerly_outside_functions():
+            with tf.init_scope(), tf.name_scope(self.name):
+                self.build(None)
+        else:
+            with tf.compat.v1.name_scope(self.name):
+                self.build(None)
 
     def build(self, input_shape):
+        self.__dict__["_building_table"] = True
+        try:
+            self._build_shard(input_shape)
+        finally:
+            self.__dict__["_building_table"] = False
+
+    def _build_shard(self, input_shape):
         ctx = context.get()
         vocab = self.max_vocabulary_size_per_gpu * ctx.world_size
         if self.use_hashtable:
@@ -105,6 +148,7 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                                   initializer=local_initializer, dtype=self.dtype, trainable=True)
             name = var.name.split(":")[0]
             tag(var, ShardInfo(name=name, vocab=vocab, dim=info.dim, rank=ctx.rank, world_size=ctx.world_size))
+        var.m_var_name, var.m_key_dtype = self.m_var_name, self.key_dtype  # SOK's EmbeddingVariable attributes
         self.embedding_variable = var
         super().build(input_shape)
 

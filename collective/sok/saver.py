@@ -1,0 +1,290 @@
+"""``sok.Saver``: SOK v1's dump, restore and load of embedding tables, as whole logical tables.
+
+    saver = sok.Saver()
+    saver.load_embedding_values(layer.embedding_variable, table)       # [rows, dim], or a list of parts
+    saver.dump_to_file(layer.embedding_variable, "/path/to/dir")       # every worker calls it
+    saver.restore_from_file(layer.embedding_variable, "/path/to/dir")  # any number of workers
+
+Files (SOK v1's format): for an embedding variable whose ``m_var_name`` is
+``NAME``, a dump holds ``DIR/NAME_keys.file`` (the keys, raw int64,
+little-endian, ascending) and ``DIR/NAME_values.file`` (their vectors, raw,
+the table's dtype, ``[keys, embedding_vec_size]`` row-major, in key order).
+A table without a hash table dumps every row of its logical table, key ``i``
+being row ``i``; a hash table dumps the keys it holds. Worker 0 gathers the
+table (one alltoall) and writes each file to a temporary name, then renames
+it; every worker returns once the files are in place.
+
+``restore_from_file`` needs no collective: each worker reads the keys and
+only the rows of the values it owns under its own world size
+(``key % world_size == rank``), so a dump written by N workers restores on
+M. ``load_embedding_values`` does the same with rows given in memory: row
+``i`` of the (concatenated) tensors is key ``i``.
+
+All three work eagerly (they act at once and return the tensor ``b"OK"``),
+in ``tf.function``, and in TF1 graphs, where they return a string tensor to
+``sess.run`` (after the variables' initializer), as SOK v1's ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from collective import comm
+from collective.checkpoint.hash_tables import insert_rows
+from collective.embedding.table import ShardInfo, shard_of
+
+logger = logging.getLogger("collective.sok")
+
+KEYS_SUFFIX = "_keys.file"
+VALUES_SUFFIX = "_values.file"
+_KEY_DTYPE = np.dtype("<i8")
+_SOK_UINT32_KEYS = np.dtype("<u4")  # SOK v1 tables with key_dtype uint32 dump 4-byte keys
+
+
+def dump_files(directory: str, name: str) -> Tuple[str, str]:
+    """The keys and values files of the table ``name`` (an ``m_var_name``) in ``directory``."""
+    return os.path.join(directory, name + KEYS_SUFFIX), os.path.join(directory, name + VALUES_SUFFIX)
+
+
+def var_name(embedding_variable: Any) -> str:
+    """SOK's ``m_var_name`` of an embedding variable (for other sharded tables their name, '/' as '_')."""
+    name = getattr(embedding_variable, "m_var_name", None)
+    return name or shard_of(embedding_variable).name.replace("/", "_")
+
+
+class Saver:
+    """SOK v1's ``sok.Saver()``: dumps, restores and loads the embedding variables of SOK layers.
+
+    Every worker calls each method for the same variables in the same order
+    (``dump_to_file`` is a collective). Only the tables are saved, not
+    optimizer slots (as SOK v1); checkpoints (``tf.train.Checkpoint``,
+    ``collective.checkpoint.Saver``) keep those.
+    """
+
+    def dump_to_file(self, embedding_variable, filepath) -> tf.Tensor:
+        """Writes the whole logical table of ``embedding_variable`` into directory ``filepath`` (made if missing).
+
+        Returns:
+          ``b"OK"`` once worker 0 has written both files (a tensor to run in a graph).
+        """
+        info, index = _table(embedding_variable, "dump_to_file")
+        name = var_name(embedding_variable)
+        if index is None:
+            keys = info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64))
+            values = tf.convert_to_tensor(embedding_variable)
+        else:
+            keys, rows = index.entries()
+            values = tf.gather(embedding_variable, rows)
+        keys, values = _to_rank0(keys), _to_rank0(values)
+        is_writer = comm.rank() == 0
+
+        def write(directory, keys, values):
+            if not is_writer:
+                return np.int64(0), b""
+            try:
+                _write_dump(_text(directory), name, keys, values)
+            except OSError as err:
+                return np.int64(1), f"{type(err).__name__}: {err}".encode()
+            return np.int64(0), b""
+
+        failed, message = _py(write, [tf.convert_to_tensor(filepath, tf.string), keys, values], [tf.int64, tf.string])
+        failed = comm.allreduce(tf.reshape(failed, [1]), "sum")[0] if comm.world_size() > 1 else failed
+        if tf.executing_eagerly():
+            if int(failed):
+                raise OSError(f"sok.Saver.dump_to_file: worker 0 could not write the dump of {name} into "
+                              f"{_text(filepath)}: {_text(message.numpy()) or 'see worker 0'}")
+            return tf.constant(b"OK")
+        check = tf.debugging.Assert(
+            tf.equal(failed, 0),
+            [f"sok.Saver.dump_to_file: worker 0 could not write the dump of {name} into", filepath, message])
+        with tf.control_dependencies([check]):
+            return tf.identity(tf.constant(b"OK"))
+
+    def restore_from_file(self, embedding_variable, filepath) -> tf.Tensor:
+        """Loads this worker's rows of the table ``embedding_variable`` from a dump in directory ``filepath``.
+
+        The dump may come from any number of workers. A table without a hash
+        table takes the dumped rows (every key must be one of its rows) and
+        keeps the others; a hash table is emptied and then holds exactly the
+        dumped keys it owns.
+        """
+        info, index = _table(embedding_variable, "restore_from_file")
+        name = var_name(embedding_variable)
+        dtype = embedding_variable.dtype.base_dtype
+        key_dtype = tf.as_dtype(getattr(embedding_variable, "m_key_dtype", tf.int64)).name
+        rows = None if index is not None else info.vocab
+
+        def read(directory):
+            return _read_owned(_text(directory), name, info, dtype.as_numpy_dtype, rows, key_dtype)
+
+        keys, values = _py(read, [tf.convert_to_tensor(filepath, tf.string)], [tf.int64, dtype])
+        return _assign(embedding_variable, info, index, keys, values)
+
+    def load_embedding_values(self, embedding_variable, tensors) -> tf.Tensor:
+        """Sets the table of ``embedding_variable`` from ``tensors``: row ``i`` is key ``i``.
+
+        Args:
+          embedding_variable: ``layer.embedding_variable`` of a SOK layer.
+          tensors: one ``[rows, embedding_vec_size]`` tensor or array (the
+            whole logical table, or its first ``rows`` rows), or a list/tuple
+            of them, concatenated along axis 0 (SOK v1's form). Every worker
+            passes the same values and keeps the rows it owns.
+        """
+        info, index = _table(embedding_variable, "load_embedding_values")
+        name = var_name(embedding_variable)
+        dtype = embedding_variable.dtype.base_dtype
+        if isinstance(tensors, (list, tuple)):
+            if not tensors:
+                raise ValueError(f"sok.Saver.load_embedding_values({name}): got an empty list of tensors")
+            parts = [_as_tensor(t, dtype, name) for t in tensors]
+            values = parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+        else:
+            values = _as_tensor(tensors, dtype, name)
+        _check_static_shape(values, info, index is None, name)
+        count = tf.shape(values, out_type=tf.int64)[0]
+        checks = [tf.debugging.assert_equal(
+            tf.shape(values, out_type=tf.int64)[1], tf.constant(info.dim, tf.int64),
+            message=f"sok.Saver.load_embedding_values({name}): tensors must be [rows, {info.dim}]")]
+        if index is None:
+            checks.append(tf.debugging.assert_less_equal(
+                count, tf.constant(info.vocab, tf.int64),
+                message=f"sok.Saver.load_embedding_values({name}): more rows than the table's {info.vocab} "
+                        "(max_vocabulary_size_per_gpu * workers)"))
+        with tf.control_dependencies(checks):
+            keys = tf.range(count, dtype=tf.int64)
+        mine = info.layout.owns(keys)
+        return _assign(embedding_variable, info, index, tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine))
+
+
+# ---------------------------------------------------------------- helpers
+
+def _table(embedding_variable, method: str) -> Tuple[ShardInfo, Optional[Any]]:
+    """The variable's shard info and hash index (None for a table without one); refuses other variables."""
+    info = shard_of(embedding_variable)
+    if info is None or info.replicated or not hasattr(embedding_variable, "scatter_update"):
+        raise TypeError(f"sok.Saver.{method}: {getattr(embedding_variable, 'name', embedding_variable)!r} is not "
+                        "the embedding variable of a SOK layer; pass layer.embedding_variable")
+    index = info.hash_index
+    if index is not None and not hasattr(index, "clear"):
+        raise TypeError(f"sok.Saver.{method}: {info.name} is an export-mode table (read-only)")
+    return info, index
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _py(fn, inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType]):
+    """``fn`` on numpy values: called directly eagerly (its exceptions propagate), else ``tf.numpy_function``."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(v, d) for v, d in zip(fn(*[t.numpy() for t in inputs]), dtypes)]
+    return tf.numpy_function(fn, list(inputs), list(dtypes), stateful=True)
+
+
+def _to_rank0(tensor: tf.Tensor) -> tf.Tensor:
+    """Every worker's rows of ``tensor``, concatenated in rank order, on worker 0 (others get none)."""
+    n = comm.world_size()
+    if n == 1:
+        return tensor
+    count = tf.shape(tensor)[:1]
+    return comm.alltoall(tensor, tf.concat([count, tf.zeros([n - 1], tf.int32)], axis=0))[0]
+
+
+def _write_dump(directory: str, name: str, keys: np.ndarray, values: np.ndarray) -> None:
+    """Writes the keys (ascending) and their values, each file to a temporary name first, then renamed."""
+    os.makedirs(directory, exist_ok=True)
+    order = np.argsort(keys, kind="stable")
+    values = np.asarray(values)
+    for path, data in zip(dump_files(directory, name),
+                          (keys[order].astype(_KEY_DTYPE), values[order].astype(values.dtype.newbyteorder("<")))):
+        temporary = f"{path}.tmp{os.getpid()}"
+        with open(temporary, "wb") as out:
+            out.write(np.ascontiguousarray(data).tobytes())
+        os.replace(temporary, path)
+    logger.info("sok.Saver: dumped %d keys of %s into %s", len(keys), name, directory)
+
+
+def _read_owned(directory: str, name: str, info: ShardInfo, value_dtype, rows: Optional[int],
+                key_dtype: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The dumped keys this worker owns and their vectors, checked against the table; errors name both."""
+    keys_path, values_path = dump_files(directory, name)
+    where = f"sok.Saver.restore_from_file({name})"
+    for path in (keys_path, values_path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{where}: {path} does not exist; was {name} dumped into {directory} "
+                                    "(sok.Saver.dump_to_file)?")
+    value_dtype = np.dtype(value_dtype).newbyteorder("<")
+    key_bytes, value_bytes = os.path.getsize(keys_path), os.path.getsize(values_path)
+    row_bytes = value_dtype.itemsize * info.dim
+    if value_bytes % row_bytes:
+        raise ValueError(f"{where}: {values_path} holds {value_bytes} bytes, not whole rows of "
+                         f"embedding_vec_size={info.dim} {value_dtype.name} values; was it dumped from a table "
+                         "of another embedding_vec_size or dtype?")
+    count = value_bytes // row_bytes
+    file_keys = _KEY_DTYPE
+    if key_bytes != count * _KEY_DTYPE.itemsize:
+        if key_dtype == "int32" and key_bytes == count * _SOK_UINT32_KEYS.itemsize:
+            file_keys = _SOK_UINT32_KEYS
+        else:
+            held = key_bytes / _KEY_DTYPE.itemsize
+            raise ValueError(f"{where}: {keys_path} holds {held:g} keys but {values_path} holds {count} rows of "
+                             f"embedding_vec_size={info.dim} {value_dtype.name}; "
+                             f"it was dumped from a table with {value_bytes / max(held, 1) / value_dtype.itemsize:g}"
+                             " values per key (another embedding_vec_size or dtype) or the files are damaged")
+    keys = np.fromfile(keys_path, dtype=file_keys).astype(np.int64)
+    if np.unique(keys).size != keys.size:
+        raise ValueError(f"{where}: {keys_path} repeats keys; it is not a dump of one table")
+    if rows is not None and keys.size and (keys.min() < 0 or keys.max() >= rows):
+        bad = keys[(keys < 0) | (keys >= rows)][0]
+        raise ValueError(f"{where}: {keys_path} holds key {bad}, outside this table's rows [0, {rows}) "
+                         f"(max_vocabulary_size_per_gpu * {info.world_size} workers); raise "
+                         "max_vocabulary_size_per_gpu so that the logical table holds the dumped one")
+    mine = np.flatnonzero(np.mod(keys, info.world_size) == info.rank) if info.layout.sharded else np.arange(keys.size)
+    values = np.memmap(values_path, dtype=value_dtype, mode="r", shape=(count, info.dim))
+    return keys[mine], np.asarray(values[mine]).astype(value_dtype.newbyteorder("="))
+
+
+def _as_tensor(value, dtype: tf.DType, name: str) -> tf.Tensor:
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"sok.Saver.load_embedding_values({name}): cannot make a tensor of {type(value).__name__}: "
+                        f"{err}") from err
+    if not (tensor.dtype.is_floating or tensor.dtype.is_integer):
+        raise TypeError(f"sok.Saver.load_embedding_values({name}): values must be numbers, got {tensor.dtype.name}")
+    return tf.cast(tensor, dtype)
+
+
+def _check_static_shape(values: tf.Tensor, info: ShardInfo, fixed_rows: bool, name: str) -> None:
+    shape = values.shape
+    where = f"sok.Saver.load_embedding_values({name})"
+    if shape.rank is not None and shape.rank != 2:
+        raise ValueError(f"{where}: tensors must be 2-D [rows, embedding_vec_size={info.dim}], got shape {shape}")
+    if shape.rank == 2 and shape[1] is not None and shape[1] != info.dim:
+        raise ValueError(f"{where}: tensors have {shape[1]} columns, the table's embedding_vec_size is {info.dim}")
+    if fixed_rows and shape.rank == 2 and shape[0] is not None and shape[0] > info.vocab:
+        raise ValueError(f"{where}: {shape[0]} rows for a table of {info.vocab} (max_vocabulary_size_per_gpu * "
+                         f"{info.world_size} workers)")
+
+
+def _assign(var: tf.Variable, info: ShardInfo, index, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """Writes this worker's ``keys`` (which it owns) with ``values``; a hash table is emptied first."""
+    keys = tf.reshape(keys, [-1])
+    values = tf.reshape(values, [-1, info.dim])
+    if index is None:
+        done = var.scatter_update(tf.IndexedSlices(values, info.layout.local_row(keys)))
+    elif tf.executing_eagerly():
+        index.clear()
+        done = insert_rows(index, [var], keys, [values])
+    else:
+        with tf.control_dependencies([index.clear()]):
+            done = insert_rows(index, [var], keys, [values])
+    if tf.executing_eagerly():
+        return tf.constant(b"OK")
+    with tf.control_dependencies([done]):
+        return tf.identity(tf.constant(b"OK"))
