@@ -115,6 +115,7 @@ def test_unknown_arguments_are_named():
 
 
 def _write_parquet(directory, files=6, rows=8):
+    """``files`` Parquet files of ``rows`` rows, each one row group (as pandas and Spark write them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -129,9 +130,11 @@ def _write_parquet(directory, files=6, rows=8):
     return paths
 
 
+@pytest.mark.parametrize("layout", [(6, 8), (1, 48)], ids=["6files", "1file-1rowgroup"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n):
-    files = _write_parquet(tmp_path)
+def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n, layout):
+    # One file of one row group used to leave every worker but one without data (OutOfRangeError).
+    files = _write_parquet(tmp_path, *layout)
     out = tmp_path / "out"
     out.mkdir()
     run_workers("api_hb_recipe_mts.py", n, [out, *files], timeout=900)

@@ -79,7 +79,7 @@ def test_epochs_repeat(tmp_path):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-@pytest.mark.parametrize("shard_by", ["auto", "file", "row_group"])
+@pytest.mark.parametrize("shard_by", ["auto", "file", "row_group", "rows"])
 def test_shards_are_disjoint_and_cover_everything(tmp_path, world_size, shard_by):
     paths, total = write_files(tmp_path)
     shares = [read_all(cd.parquet_dataset(paths, 3, fields=["row"], rank=r, world_size=world_size,
@@ -93,13 +93,34 @@ def test_shards_are_disjoint_and_cover_everything(tmp_path, world_size, shard_by
                for r in range(world_size)) == total
 
 
-def test_sharding_modes_follow_files_then_row_groups(tmp_path):
+def _pieces(paths, rank, world_size, shard_by="auto"):
+    return [(p.path, p.row_group, p.first_row, p.num_rows)
+            for p in cd.shard_of(paths, rank=rank, world_size=world_size, shard_by=shard_by)]
+
+
+def test_sharding_modes_follow_files_then_balanced_row_ranges(tmp_path):
     paths, _ = write_files(tmp_path, rows_per_file=(8, 8), row_group_size=4)
     # Two files for two workers: whole files.
-    assert cd.shard_of(paths, rank=1, world_size=2) == [(paths[1], 0), (paths[1], 1)]
-    # Two files for three workers: row groups round-robin in file order.
-    assert cd.shard_of(paths, rank=0, world_size=3) == [(paths[0], 0), (paths[1], 1)]
-    assert cd.shard_of(paths, rank=1, world_size=3) == [(paths[0], 1)]
+    assert _pieces(paths, 1, 2) == [(paths[1], 0, 0, 4), (paths[1], 1, 0, 4)]
+    # Two files (16 rows) for three workers: rows 0-4, 5-9, 10-15, cut inside row groups.
+    assert _pieces(paths, 0, 3) == [(paths[0], 0, 0, 4), (paths[0], 1, 0, 1)]
+    assert _pieces(paths, 1, 3) == [(paths[0], 1, 1, 3), (paths[1], 0, 0, 2)]
+    assert _pieces(paths, 2, 3) == [(paths[1], 0, 2, 2), (paths[1], 1, 0, 4)]
+    # Whole row groups round-robin in file order, when asked for.
+    assert _pieces(paths, 0, 3, "row_group") == [(paths[0], 0, 0, 4), (paths[1], 1, 0, 4)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("rows_per_file", [(50,), (50, 7, 1)], ids=["1file", "3files"])
+def test_one_row_group_per_file_gives_every_worker_a_balanced_contiguous_share(tmp_path, world_size, rows_per_file):
+    """Files written as pandas and Spark write them (one row group each) on more workers than row groups."""
+    paths, total = write_files(tmp_path, rows_per_file=rows_per_file, row_group_size=64)
+    shares = [read_all(cd.parquet_dataset(paths, 3, fields=["row"], rank=r, world_size=world_size))
+              for r in range(world_size)]
+    sizes = [len(share) for share in shares]
+    assert max(sizes) - min(sizes) <= 1, sizes
+    assert sizes == [cd.count_rows(paths, rank=r, world_size=world_size) for r in range(world_size)]
+    np.testing.assert_array_equal(np.concatenate(shares), np.arange(total))
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

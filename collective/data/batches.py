@@ -69,6 +69,8 @@ def _read_piece(files: Dict[str, pq.ParquetFile], piece: Piece, columns: Sequenc
     if handle is None:
         handle = files[piece.path] = pq.ParquetFile(piece.path)
     table = handle.read_row_group(piece.row_group, columns=list(columns))
+    if piece.first_row or piece.num_rows != table.num_rows:
+        table = table.slice(piece.first_row, piece.num_rows)
     for name in table.column_names:
         column = table.column(name)
         if column.null_count and not is_list(column.type):

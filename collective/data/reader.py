@@ -12,7 +12,7 @@ Integers are delivered as int64, float32 and float64 as they are stored.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -47,7 +47,7 @@ def plan(filenames: FileSpec, fields: Optional[Sequence[str]] = None, *, rank: O
     pieces = shard_pieces(infos, rank, world_size, shard_by)
     # Each worker logs its own share; planning another rank's (to count its rows) is not news.
     logger.log(logging.INFO if own_rank in (None, rank) else logging.DEBUG,
-               "worker %d/%d reads %d row group(s), %d rows, of %d file(s)", rank, world_size,
+               "worker %d/%d reads %d piece(s) of row groups, %d rows, of %d file(s)", rank, world_size,
                len(pieces), sum(p.num_rows for p in pieces), len(infos))
     return pieces, schema
 
@@ -71,7 +71,7 @@ def parquet_dataset(filenames: FileSpec, batch_size: int, fields: Optional[Seque
       label: column name(s) returned apart as labels: the dataset then yields
         ``(features, labels)``; otherwise one dict of every field.
       rank, world_size: this worker's share; default from ``collective.context``.
-      shard_by: ``auto``, ``file`` or ``row_group`` (see :mod:`collective.data.sharding`).
+      shard_by: ``auto``, ``file``, ``row_group`` or ``rows`` (see :mod:`collective.data.sharding`).
       shuffle_buffer: rows shuffled together (0: keep file order); with ``seed``.
       num_epochs: passes over the data; None repeats forever.
       drop_remainder: drop a last batch shorter than ``batch_size`` (static batch shape).
@@ -138,7 +138,6 @@ def count_rows(filenames: FileSpec, *, rank: Optional[int] = None, world_size: O
 
 
 def shard_of(filenames: FileSpec, *, rank: Optional[int] = None, world_size: Optional[int] = None,
-             shard_by: str = "auto") -> List[Tuple[str, int]]:
-    """``(path, row_group)`` of every piece this worker reads."""
-    pieces: List[Piece] = plan(filenames, [], rank=rank, world_size=world_size, shard_by=shard_by)[0]
-    return [(p.path, p.row_group) for p in pieces]
+             shard_by: str = "auto") -> List[Piece]:
+    """The pieces this worker reads, in order: path, row group, and which of its rows."""
+    return plan(filenames, [], rank=rank, world_size=world_size, shard_by=shard_by)[0]
