@@ -21,13 +21,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 
+from collective import plots
+from collective.plots import COLORS
+
 logger = logging.getLogger("benchmarks.report")
 
 REQUIRED = ("schema", "run_id", "model", "mode", "workers", "batch_size", "status")
 REQUIRED_OK = ("samples_per_s", "step_time_s", "bytes_per_sample", "peak_rss_bytes", "embedding_bytes", "metric",
                "machine")
 MODE_ORDER = ["tf_single", "hvd_replicated", "hb", "sok"]
-COLORS = {"tf_single": "#7f7f7f", "hvd_replicated": "#1f77b4", "hb": "#d62728", "sok": "#2ca02c"}
 
 
 class RecordError(ValueError):
@@ -127,11 +129,7 @@ def _markdown(df: pd.DataFrame, floatfmt: str = ",.2f") -> str:
 
 
 def _plot_throughput(df: pd.DataFrame, path: str) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+    plt = plots.pyplot()
     groups = list(df.groupby(["model", "batch"], observed=True))
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
     for ax, ((model, batch), group) in zip(axes[0], groups):
@@ -156,11 +154,7 @@ def _plot_throughput(df: pd.DataFrame, path: str) -> None:
 
 
 def _plot_bytes(df: pd.DataFrame, proj: Optional[pd.DataFrame], path: str) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+    plt = plots.pyplot()
     datasets = [] if proj is None else list(proj["dataset"].unique())
     fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(6.5 * max(len(datasets), 1), 4.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets or [None]):
@@ -183,11 +177,7 @@ def _plot_bytes(df: pd.DataFrame, proj: Optional[pd.DataFrame], path: str) -> No
 
 
 def _plot_time(proj: pd.DataFrame, fabrics: List[str], path: str) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
+    plt = plots.pyplot()
     synthetic = proj[proj["dataset"].str.startswith("synthetic") & (proj["workers"] > 1)]
     fig, axes = plt.subplots(1, len(fabrics), figsize=(6.5 * len(fabrics), 4.5), squeeze=False)
     for ax, fabric in zip(axes[0], fabrics):
@@ -206,23 +196,10 @@ def _plot_time(proj: pd.DataFrame, fabrics: List[str], path: str) -> None:
 
 
 def _plot_bars(df: pd.DataFrame, column: str, ylabel: str, path: str) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(df)), 4))
     labels = [f"{r['mode']}\nN={r['workers']} b={r['batch']}" for _, r in df.iterrows()]
-    ax.bar(range(len(df)), df[column], color=[COLORS.get(m, "#333333") for m in df["mode"]])
-    ax.set_xticks(range(len(df)))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel(ylabel)
-    if column == "AUC":
-        low = df[column].min()
-        ax.set_ylim(max(0.0, low - 0.05), min(1.0, df[column].max() + 0.02))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    ylim = (max(0.0, df[column].min() - 0.05), min(1.0, df[column].max() + 0.02)) if column == "AUC" else None
+    plots.bar_chart(labels, list(df[column]), path, ylabel=ylabel,
+                    colors=[COLORS.get(m, plots.OTHER_COLOR) for m in df["mode"]], ylim=ylim)
 
 
 def _machine_lines(records: Sequence[Dict[str, Any]]) -> List[str]:

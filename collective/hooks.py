@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -51,12 +51,13 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
       batch_size: samples per step on one worker (global = ``N *``), if fixed.
       samples: a tensor with this step's global sample count (the Estimator
         wrapper passes the synchronised input's count; exact with uneven input).
-      loss: a scalar tensor to log (e.g. the global mean loss).
+      loss: a scalar tensor to log (e.g. the global mean loss), or a function that returns it once the
+        graph is built (called in ``begin``).
     """
 
     def __init__(self, every_n_steps: int = 100, global_batch_size: Optional[int] = None,
                  batch_size: Optional[int] = None, samples: Optional[tf.Tensor] = None,
-                 loss: Optional[tf.Tensor] = None):
+                 loss: Union[tf.Tensor, Callable[[], tf.Tensor], None] = None):
         if every_n_steps is None or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r} must be a positive number of steps")
         given = [x is not None for x in (global_batch_size, batch_size, samples)]
@@ -70,6 +71,8 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         self.records: List[Dict[str, float]] = []
 
     def begin(self):
+        if callable(self._loss):
+            self._loss = self._loss()
         self._step_tensor = _global_step_read()
         counter = comm.bytes_counter()
         self._bytes_total = comm.allreduce(tf.cast(counter.read_value(), tf.int64), "sum")

@@ -24,12 +24,13 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from collective import CollectiveStrategy, comm
+from collective import CollectiveStrategy, comm, progress
+from collective.byte_model import sent_bytes
 from collective.checkpoint import Saver
 from collective.export import export_estimator
 from modelzoo import heads
@@ -39,7 +40,9 @@ logger = logging.getLogger("modelzoo")
 
 @dataclasses.dataclass
 class RunResult:
-    """What a run measured. ``metrics`` is empty without evaluation, ``export_path`` None without export."""
+    """What a run measured. ``metrics`` is empty without evaluation, ``export_path`` None without export;
+    ``losses``: the training loss of every step (session engine) or log interval (estimator engine), the
+    mean over all workers, as one process on the whole batch computes it."""
 
     steps: int
     train_loss: Optional[float]
@@ -48,22 +51,45 @@ class RunResult:
     metrics: Dict[str, float]
     export_path: Optional[str]
     predictions: Optional[Dict[str, np.ndarray]] = None
+    losses: List[Tuple[int, float]] = dataclasses.field(default_factory=list)  # (step, training loss)
 
 
 class Progress:
-    """Logs ``step``, loss and global samples/s every ``every`` steps (rank 0)."""
+    """Rank 0's training progress, and the loss of every step it is told of (:attr:`losses`, on every rank).
+
+    A bar of steps (:func:`collective.progress.bar`) with the loss and the
+    global samples/s since the previous line: on a terminal it redraws at
+    every step; elsewhere (a pipe, a worker under the launcher) it writes a
+    line every ``every`` steps and at the last. ``every`` 0: no bar.
+    """
 
     def __init__(self, max_steps: int, global_batch: int, every: int, rank: int):
-        self.max_steps, self.global_batch, self.every, self.rank = max_steps, global_batch, every, rank
+        self.max_steps, self.global_batch, self.every = max_steps, global_batch, every
+        self.losses: List[Tuple[int, float]] = []
+        self._bar = progress.bar(max_steps, "train", unit="step", seconds=0, disable=rank != 0 or not every)
+        self._every_step = progress.on_terminal()
+        self._postfix: Dict[str, str] = {}
         self._last_time, self._last_step = time.perf_counter(), 0
 
     def step(self, step: int, loss: float) -> None:
-        if self.rank != 0 or not self.every or (step % self.every and step != self.max_steps):
+        """Step ``step`` (1-based) trained with loss ``loss``."""
+        self.losses.append((step, loss))
+        if self._bar.disable:
             return
-        now = time.perf_counter()
-        rate = (step - self._last_step) * self.global_batch / max(now - self._last_time, 1e-9)
-        logger.info("step %d/%d  loss %.5f  %s samples/s", step, self.max_steps, loss, f"{rate:,.0f}")
-        self._last_time, self._last_step = now, step
+        line = step % self.every == 0 or step == self.max_steps
+        if not (line or self._every_step):
+            return
+        self._postfix["loss"] = f"{loss:.6g}"
+        if line:
+            now = time.perf_counter()
+            rate = (step - self._last_step) * self.global_batch / max(now - self._last_time, 1e-9)
+            self._postfix["samples/s"] = f"{rate:,.0f}"
+            self._last_time, self._last_step = now, step
+        self._bar.set_postfix(self._postfix, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 class SessionEngine:
@@ -100,6 +126,9 @@ class SessionEngine:
                 handle, tf.compat.v1.data.get_output_types(train_ds), shapes)
             features, labels = iterator.get_next()
             spec = self.model_fn(features, labels, heads.TRAIN, self.params)
+            # The loss fetched each step: the mean over the workers, what one process on the global batch computes.
+            spec = spec._replace(loss=comm.allreduce(spec.loss, "average"))
+            loss_bytes = sent_bytes("allreduce", spec.loss.dtype.size, self.world_size)  # per step, left out below
             handles = [tf.compat.v1.data.make_one_shot_iterator(train_ds).string_handle()]
             if eval_ds is not None:
                 handles.append(tf.compat.v1.data.make_one_shot_iterator(eval_ds).string_handle())
@@ -111,9 +140,10 @@ class SessionEngine:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
                           tf.compat.v1.tables_initializer()])
                 handle_values = sess.run(handles)
-                loss, rate = self._train(sess, spec, {handle: handle_values[0]}, max_steps, global_batch, log_every)
+                loss, rate, losses = self._train(sess, spec, {handle: handle_values[0]},
+                                                 max_steps, global_batch, log_every)
                 local_samples = max_steps * global_batch // self.world_size
-                bytes_per_sample = float(sess.run(sent)) / max(local_samples, 1)
+                bytes_per_sample = float(sess.run(sent) - max_steps * loss_bytes) / max(local_samples, 1)
                 metrics, predictions = {}, None
                 if eval_ds is not None:
                     metrics, predictions = self._evaluate(sess, spec, labels, {handle: handle_values[1]},
@@ -128,7 +158,7 @@ class SessionEngine:
                                     checkpoint)
             export_path = path.decode() if isinstance(path, bytes) else path
         return RunResult(max_steps, loss, rate, bytes_per_sample, metrics, export_path,
-                         predictions if keep_predictions else None)
+                         predictions if keep_predictions else None, losses)
 
     def _session_config(self) -> tf.compat.v1.ConfigProto:
         return tf.compat.v1.ConfigProto(allow_soft_placement=True)
@@ -145,8 +175,9 @@ class SessionEngine:
                 start = time.perf_counter()
             progress.step(step, float(loss))
         seconds = time.perf_counter() - start
+        progress.close()
         rate = (max_steps - warmup) * global_batch / seconds if max_steps > warmup else float("nan")
-        return float(loss), rate
+        return float(loss), rate, progress.losses
 
     def _evaluate(self, sess, spec, labels, feed, eval_steps: int, eval_rows: int, rows_in, gathered_rows):
         names: List[str] = sorted(spec.predictions)
@@ -195,7 +226,8 @@ class EstimatorEngine:
         with self.strategy.scope():
             estimator = self.strategy.estimator(lambda features, labels, mode, params: self.model_fn(
                 features, labels, mode, params), self.model_dir, config=config, params=self.params)
-            hook = ThroughputHook(every_n_steps=max(1, log_every or max_steps), global_batch_size=global_batch)
+            hook = ThroughputHook(every_n_steps=max(1, log_every or max_steps), global_batch_size=global_batch,
+                                  loss=_trained_loss)
             estimator.train(lambda: train_input_fn(), max_steps=max_steps, hooks=[hook])
             metrics: Dict[str, float] = {}
             if eval_input_fn is not None:
@@ -214,7 +246,14 @@ class EstimatorEngine:
         sent = sum(r["bytes"] for r in records)
         return RunResult(max_steps, records[-1].get("loss") if records else None,
                          samples / seconds if seconds else float("nan"), sent / samples if samples else float("nan"),
-                         metrics, export_path)
+                         metrics, export_path,
+                         losses=[(s, by_step[s]["loss"]) for s in sorted(by_step) if "loss" in by_step[s]])
+
+
+def _trained_loss() -> tf.Tensor:
+    """The loss Estimator trains on (under ``strategy.estimator`` the workers' mean), which it adds to
+    ``LOSSES`` before the hooks begin."""
+    return tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)[-1]
 
 
 ENGINES = ("session", "estimator")

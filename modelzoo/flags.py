@@ -60,12 +60,16 @@ def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argpa
     p.add_argument("--shuffle_buffer", type=int, default=defaults["shuffle_buffer"],
                    help="rows shuffled together when reading training data (0: file order)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, shuffling and data")
-    p.add_argument("--log_every", type=int, default=100, help="log a progress line every this many steps")
+    p.add_argument("--log_every", type=int, default=100,
+                   help="progress: off a terminal (a pipe, under the launcher) a line every this many steps; "
+                        "0: no progress bar")
     p.add_argument("--engine", choices=ENGINES, default="session",
                    help="session: train, evaluate and export in one session per worker (exact global metrics); "
                         "estimator: strategy.estimator(...) with checkpoints in --model_dir")
     p.add_argument("--plain", action="store_true",
                    help="train plain TensorFlow in one process without CollectiveStrategy (the baseline)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show TensorFlow's and absl's info and warning lines (hidden by default)")
     return p
 
 

@@ -1,9 +1,10 @@
 """What every ``train.py`` runs: flags -> data -> engine -> metrics.json and one JSON line.
 
 A model is a :class:`Recipe`: its ``model_fn``, its own flags, how it finds
-its data, and how flags become ``params``. Output (rank 0): progress lines
-with samples/s while training, then one JSON line with the metrics, also
-written to ``MODEL_DIR/metrics.json``.
+its data, and how flags become ``params``. Output (rank 0): a progress bar
+while training (a line every ``--log_every`` steps off a terminal), then one
+JSON line with the metrics, also written to ``MODEL_DIR/metrics.json`` with
+the training loss of every step (``loss_curve``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import json
 import logging
 import math
 import os
-import sys
-import warnings
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-from collective import CollectiveStrategy, context
+from collective import CollectiveStrategy, context, logs
 import collective.data
 from modelzoo import data as data_lib
 from modelzoo import flags
@@ -105,7 +104,8 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
         "steps": result.steps, "batch_size": args.batch_size, "optimizer": args.optimizer,
         "learning_rate": args.learning_rate, **result.metrics, "train_loss": result.train_loss,
         "samples_per_sec": result.samples_per_sec, "bytes_per_sample": result.bytes_per_sample,
-        "export_path": result.export_path, "data": dataset.description}
+        "export_path": result.export_path, "data": dataset.description,
+        "loss_curve": {"steps": [s for s, _ in result.losses], "losses": [v for _, v in result.losses]}}
     if rank == 0:
         os.makedirs(args.model_dir, exist_ok=True)
         with open(os.path.join(args.model_dir, "metrics.json"), "w") as f:
@@ -116,21 +116,12 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
 
 
 def main(recipe: Recipe, argv: Optional[Sequence[str]] = None) -> int:
-    """The ``train.py`` command line: prints the metrics as one JSON line on rank 0."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    tf.get_logger().setLevel(logging.ERROR)  # TensorFlow's deprecation notices about the TF1 API we use on purpose
-    warnings.filterwarnings("ignore", message=r"`tf\.layers\.\w+` is deprecated", category=UserWarning)
+    """The ``train.py`` command line: prints the metrics as one JSON line on rank 0 (the loss curve only
+    in metrics.json). TensorFlow's logs are quiet unless ``--verbose`` (:mod:`collective.logs`; its C++
+    lines only if set before TensorFlow loaded, as :func:`modelzoo.script.script_main` does)."""
     args = parse(recipe, argv)
+    logs.configure(args.verbose)
     metrics = run(recipe, args)
     if context.get().rank == 0:
-        print(json.dumps(metrics), flush=True)
+        print(json.dumps({k: v for k, v in metrics.items() if k != "loss_curve"}), flush=True)
     return 0
-
-
-def script_main(recipe_module: str) -> None:
-    """``train.py``'s ``if __name__ == "__main__"`` body: runs ``recipe_module.RECIPE`` and exits."""
-    import importlib  # pylint: disable=import-outside-toplevel
-
-    sys.exit(main(importlib.import_module(recipe_module).RECIPE))

@@ -1,12 +1,16 @@
-"""The main job (``make demo``): DLRM on synthetic data on 2 workers with each backend.
+"""The main job (``make demo``): DLRM on synthetic data, plain TensorFlow and each backend on 2 workers.
 
-For each exchange backend (``hb``, ``sok``) it trains the model zoo's DLRM
-(``modelzoo/dlrm/train.py``) under ``collective.launch``, evaluates it on
-held-out rows, exports a SavedModel, then serves that SavedModel with plain
-TensorFlow in this process and prints a table: test AUC and log loss,
-training samples/s, bytes each worker sent per sample, the AUC of the
-served model, and the teacher's AUC (the best any model can reach on this
-synthetic data).
+It trains the model zoo's DLRM (``modelzoo/dlrm/train.py``) three times: in
+one process of plain TensorFlow (``--plain``, the baseline), then under
+``collective.launch`` with each exchange backend (``hb``, ``sok``, on the
+same batches). Each run evaluates on held-out rows; the backends export a
+SavedModel, which this process serves with plain TensorFlow. It prints a
+table: test AUC and log loss, training samples/s, bytes each worker sent per
+sample, the AUC of the served model, and the teacher's AUC (the best any
+model can reach on this synthetic data); then writes three plots to
+``--report_dir`` (the training loss per step of the three runs, samples/s,
+bytes/sample) and prints their paths last. TensorFlow's info and warning
+lines are off unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -23,21 +27,30 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from collective import logs
+from collective.demo import figures
+
 logger = logging.getLogger("collective.demo")
 BACKENDS = ("hb", "sok")
+RUNS = ("plain",) + BACKENDS
 
 
-def _train(workers: int, backend: str, model_dir: str, flags: List[str]) -> Dict[str, object]:
+def _train(workers: int, run: str, model_dir: str, flags: List[str]) -> Dict[str, object]:
+    """Trains DLRM as ``run`` says (``plain``: one process without the launcher; a backend: ``workers``
+    workers under it) and returns its ``metrics.json``."""
     import modelzoo  # pylint: disable=import-outside-toplevel  (only its __init__: no TensorFlow here)
 
     script = str(Path(modelzoo.__file__).resolve().parent / "dlrm" / "train.py")
-    cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), script, "--backend", backend,
-           "--model_dir", model_dir, *flags]
+    if run == "plain":  # the baseline needs no SavedModel: the backends' exports are what gets served
+        cmd, where = [sys.executable, script, "--plain", "--export_dir", "none"], "in one process"
+    else:
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), script, "--backend", run]
+        where = f"on {workers} workers"
+    cmd += ["--model_dir", model_dir, *flags]
     logger.info("running %s", " ".join(cmd))
     code = subprocess.call(cmd)
     if code != 0:
-        raise SystemExit(f"DLRM with backend {backend} on {workers} workers failed (exit code {code}); "
-                         "see the worker output above")
+        raise SystemExit(f"DLRM {run} {where} failed (exit code {code}); see its output above")
     with open(os.path.join(model_dir, "metrics.json")) as f:
         return json.load(f)
 
@@ -59,36 +72,50 @@ def _served_auc(export_path: str, test_files: Sequence[str], rows: int) -> float
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collective.demo", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes per run")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per backend")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes per backend")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--batch_size", type=int, default=1024, help="global batch size")
     parser.add_argument("--rows", type=int, default=262_144, help="synthetic training rows")
     parser.add_argument("--eval_rows", type=int, default=65_536, help="synthetic test rows")
+    parser.add_argument("--log_every", type=int, default=50,
+                        help="a progress line every this many steps (off a terminal: under the launcher)")
     parser.add_argument("--out", default=None, help="directory for model dirs and exports (default: a new temp dir)")
+    parser.add_argument("--report_dir", default=os.path.join("reports", "demo"),
+                        help="where the plots go (relative to the current directory)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow's and absl's info and warning lines (hidden by default)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.verbose)  # before TensorFlow loads, here and in the runs (they inherit the environment)
     out = args.out or tempfile.mkdtemp(prefix="collective-demo-")
     flags = ["--steps", str(args.steps), "--batch_size", str(args.batch_size), "--rows", str(args.rows),
-             "--eval_rows", str(args.eval_rows), "--log_every", "50"]
-    results = {b: _train(args.workers, b, os.path.join(out, f"dlrm-{b}"), flags) for b in BACKENDS}
+             "--eval_rows", str(args.eval_rows), "--log_every", str(args.log_every)]
+    flags += ["--verbose"] if args.verbose else []
+    results = {r: _train(args.workers, r, os.path.join(out, f"dlrm-{r}"), flags) for r in RUNS}
 
     from modelzoo import data as data_lib  # pylint: disable=import-outside-toplevel
 
     dataset = data_lib.synthetic(None, args.rows, args.eval_rows, 0.01, 0, 8192, rank=0)
     teacher = data_lib.teacher_auc(dataset)
-    served = {b: _served_auc(r["export_path"], dataset.test, args.eval_rows) for b, r in results.items()}
+    served = {b: _served_auc(results[b]["export_path"], dataset.test, args.eval_rows) for b in BACKENDS}
+    pictures = figures.write(results, args.report_dir)
 
-    print(f"\nDLRM on {args.workers} workers, {args.steps} steps of {args.batch_size} "
-          f"({dataset.description}); teacher AUC {teacher:.4f}")
-    print(f"{'backend':<8} {'AUC':>7} {'loss':>7} {'samples/s':>10} {'bytes/sample':>13} {'served AUC':>11}  export")
-    for b, r in results.items():
-        print(f"{b:<8} {r['auc']:>7.4f} {r['loss']:>7.4f} {r['samples_per_sec']:>10,.0f} "
-              f"{r['bytes_per_sample']:>13,.0f} {served[b]:>11.4f}  {r['export_path']}")
+    aucs = [r["auc"] for r in results.values()]
     gap = abs(results["hb"]["auc"] - results["sok"]["auc"])
-    print(f"\nhb and sok train the same model from the same seed; their AUCs differ by {gap:.1e} "
-          "(float summation order, compounded over the steps).")
-    print(f"metrics.json and the SavedModels are under {out}")
-    return 0 if all(np.isfinite(r["auc"]) for r in results.values()) else 1
+    print(f"\nDLRM, {args.steps} steps of {args.batch_size} ({dataset.description}); teacher AUC {teacher:.4f}")
+    print(f"hb and sok train the same model from the same seed on the same batches; their AUCs differ by {gap:.1e} "
+          "(float summation order, compounded over the steps). Plain TensorFlow trains it in one process, "
+          f"where the rows come in another order than {args.workers} workers read them.")
+    print(f"metrics.json and the SavedModels are under {out}\n")
+    print(f"{'run':<6} {'workers':>7} {'AUC':>7} {'loss':>7} {'samples/s':>10} {'bytes/sample':>13} "
+          f"{'served AUC':>11}  export")
+    for name, r in results.items():
+        served_auc = f"{served[name]:>11.4f}" if name in served else f"{'-':>11}"
+        print(f"{name:<6} {r['workers']:>7} {r['auc']:>7.4f} {r['loss']:>7.4f} {r['samples_per_sec']:>10,.0f} "
+              f"{r['bytes_per_sample']:>13,.0f} {served_auc}  {r['export_path'] or '-'}")
+    print(f"\nplots in {args.report_dir}:")
+    for path in pictures:
+        print(f"  {path}")
+    return 0 if all(np.isfinite(aucs)) else 1
 
 
 if __name__ == "__main__":

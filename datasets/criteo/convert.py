@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from collective import progress as progress_bar
 from datasets import schema
 from datasets.criteo.parse import Rejected, TsvBlocks, hex_values, numeric, validate
 from datasets.criteo.vocab import FrequencyCounter, Vocabulary, hashed_ids, table_sizes
@@ -147,7 +148,7 @@ def convert(inputs: Union[str, Sequence[str]], out_dir: str, *, min_count: int =
         if min_count < 1:
             raise ValueError(f"min_count={min_count} must be at least 1")
         counter = FrequencyCounter()
-        with tqdm(total=total, unit="B", unit_scale=True, desc="counting", disable=not progress) as bar:
+        with progress_bar.bar(total, "counting", unit="B", unit_scale=True, disable=not progress) as bar:
             for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=False):
                 for name in schema.CATEGORICAL:
                     values, present = hex_values(batch.column(name))
@@ -157,7 +158,7 @@ def convert(inputs: Union[str, Sequence[str]], out_dir: str, *, min_count: int =
         vocab.save(summary.vocabulary_path)
     writer = _RollingWriter(out_dir, rows_per_file, row_group_size)
     try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc="converting", disable=not progress) as bar:
+        with progress_bar.bar(total, "converting", unit="B", unit_scale=True, disable=not progress) as bar:
             for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=True):
                 writer.write(_convert_block(batch, vocab, hash_buckets, log_transform))
                 summary.rows_written += batch.num_rows

@@ -22,10 +22,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--test-fraction", type=float, default=0.2, help="share of ratings in test (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random split (default 0)")
     parser.add_argument("--data-dir", help="tensorflow_datasets data directory (with --format tfds)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     summary = convert(args.src, args.out, fmt=args.format, split=args.split, test_fraction=args.test_fraction,
-                      seed=args.seed, data_dir=args.data_dir)
+                      seed=args.seed, data_dir=args.data_dir, progress=not args.quiet)
     print(summary)
     return 0
 

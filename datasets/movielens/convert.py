@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collective import progress as progress_bar
 from datasets.movielens.readers import MovieLensError, Release, read
 
 logger = logging.getLogger("datasets.movielens")
@@ -110,40 +111,52 @@ def _side(release: Release, user_id: np.ndarray, item_id: np.ndarray, user_keys,
 
 
 def convert(src: str, out_dir: str, *, fmt: Optional[str] = None, split: str = "random",
-            test_fraction: float = 0.2, seed: int = 0, data_dir: Optional[str] = None) -> MovieLensSummary:
+            test_fraction: float = 0.2, seed: int = 0, data_dir: Optional[str] = None,
+            progress: bool = True) -> MovieLensSummary:
     """Converts the MovieLens release in ``src`` (see :func:`datasets.movielens.readers.read`) into ``out_dir``.
 
     Ids: users and items numbered ``0..n-1`` in order of their original ids,
     over the users/items files where the release has them (so unrated movies
-    keep an id), else over those rated.
+    keep an id), else over those rated. ``progress``: a bar of the conversion's
+    stages on stderr (:func:`collective.progress.bar`).
     """
-    release = read(src, fmt, data_dir)
-    ratings = release.ratings
-    user_id, user_keys = _ids(ratings["user"], release.users["user"] if release.users is not None else None,
-                              "user", "the users file")
-    item_id, item_keys = _ids(ratings["item"], release.items["item"] if release.items is not None else None,
-                              "movie", "the movies file")
-    test = split_mask(ratings, user_id, split, test_fraction, seed)
-    rating = ratings["rating"].to_numpy().astype(np.float32)
-    columns = {"user_id": pa.array(user_id), "item_id": pa.array(item_id), "rating": pa.array(rating),
-               "label": pa.array((rating >= 4).astype(np.float32)),
-               "timestamp": pa.array(ratings["timestamp"].to_numpy().astype(np.int64))}
-    side, side_meta = _side(release, user_id, item_id, user_keys, item_keys)
-    table = pa.table({**columns, **side})
-    os.makedirs(out_dir, exist_ok=True)
-    mask = pa.array(test)
-    pq.write_table(table.filter(pa.compute.invert(mask)), os.path.join(out_dir, "train.parquet"))
-    pq.write_table(table.filter(mask), os.path.join(out_dir, "test.parquet"))
-    items = {"item_id": np.arange(len(item_keys)), "original_id": item_keys}
-    if release.items is not None:
-        items["title"] = release.items.set_index("item").reindex(item_keys)["title"].astype(str).to_numpy()
-    pq.write_table(pa.table(items), os.path.join(out_dir, "items.parquet"))
-    pq.write_table(pa.table({"user_id": np.arange(len(user_keys)), "original_id": user_keys}),
-                   os.path.join(out_dir, "users.parquet"))
-    summary = MovieLensSummary(len(ratings), len(user_keys), len(item_keys), int((~test).sum()), int(test.sum()),
-                               release.format)
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump({**dataclasses.asdict(summary), "split": split, "test_fraction": test_fraction, "seed": seed,
-                   "vocabularies": side_meta}, f, indent=1)
+    with progress_bar.bar(4, "converting MovieLens", unit="stage", disable=not progress) as bar:
+        def done(next_stage: str = "") -> None:
+            bar.update()
+            bar.set_postfix_str(next_stage, refresh=False)
+
+        bar.set_postfix_str("reading", refresh=False)
+        release = read(src, fmt, data_dir)
+        done("numbering ids, splitting")
+        ratings = release.ratings
+        user_id, user_keys = _ids(ratings["user"], release.users["user"] if release.users is not None else None,
+                                  "user", "the users file")
+        item_id, item_keys = _ids(ratings["item"], release.items["item"] if release.items is not None else None,
+                                  "movie", "the movies file")
+        test = split_mask(ratings, user_id, split, test_fraction, seed)
+        rating = ratings["rating"].to_numpy().astype(np.float32)
+        columns = {"user_id": pa.array(user_id), "item_id": pa.array(item_id), "rating": pa.array(rating),
+                   "label": pa.array((rating >= 4).astype(np.float32)),
+                   "timestamp": pa.array(ratings["timestamp"].to_numpy().astype(np.int64))}
+        done("side features")
+        side, side_meta = _side(release, user_id, item_id, user_keys, item_keys)
+        table = pa.table({**columns, **side})
+        done("writing")
+        os.makedirs(out_dir, exist_ok=True)
+        mask = pa.array(test)
+        pq.write_table(table.filter(pa.compute.invert(mask)), os.path.join(out_dir, "train.parquet"))
+        pq.write_table(table.filter(mask), os.path.join(out_dir, "test.parquet"))
+        items = {"item_id": np.arange(len(item_keys)), "original_id": item_keys}
+        if release.items is not None:
+            items["title"] = release.items.set_index("item").reindex(item_keys)["title"].astype(str).to_numpy()
+        pq.write_table(pa.table(items), os.path.join(out_dir, "items.parquet"))
+        pq.write_table(pa.table({"user_id": np.arange(len(user_keys)), "original_id": user_keys}),
+                       os.path.join(out_dir, "users.parquet"))
+        summary = MovieLensSummary(len(ratings), len(user_keys), len(item_keys), int((~test).sum()), int(test.sum()),
+                                   release.format)
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump({**dataclasses.asdict(summary), "split": split, "test_fraction": test_fraction, "seed": seed,
+                       "vocabularies": side_meta}, f, indent=1)
+        done()
     logger.info("%s", summary)
     return summary

@@ -2,7 +2,7 @@
 
 Public API:
   generate(out_dir, rows, *, files=1, scale=0.01, seed=0, zipf=1.1, teacher_seed=0,
-           row_group_size=65536, compression="snappy") -> list of paths
+           row_group_size=65536, compression="snappy", progress=True) -> list of paths
   generate_table(rows, *, scale=0.01, seed=0, zipf=1.1, teacher=None, stream=0) -> pyarrow.Table
   cardinalities(scale=0.01) -> table sizes;  Teacher.create(teacher_seed=0, ctr=0.25)
 """

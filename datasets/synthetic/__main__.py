@@ -23,11 +23,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="seed of the labelling model; keep it equal for train and test (default 0)")
     parser.add_argument("--zipf", type=float, default=1.1, help="power-law exponent of id frequencies (default 1.1)")
     parser.add_argument("--row-group-size", type=int, default=65536, help="rows per row group (default 65536)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     paths = generate(args.out, args.rows, files=args.files, scale=args.scale, seed=args.seed, zipf=args.zipf,
-                     teacher_seed=args.teacher_seed, row_group_size=args.row_group_size)
+                     teacher_seed=args.teacher_seed, row_group_size=args.row_group_size, progress=not args.quiet)
     seconds = time.perf_counter() - start
     print(f"wrote {args.rows} rows to {len(paths)} file(s) in {args.out} "
           f"({seconds:.2f} s, {args.rows / max(seconds, 1e-9):,.0f} rows/s)")

@@ -9,6 +9,7 @@ from typing import List
 
 import pyarrow.parquet as pq
 
+from collective import progress as progress_bar
 from datasets import schema
 from datasets.synthetic.generate import Teacher, generate_table
 
@@ -17,11 +18,12 @@ logger = logging.getLogger("datasets.synthetic")
 
 def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, seed: int = 0,
              zipf: float = 1.1, teacher_seed: int = 0, row_group_size: int = 65536,
-             compression: str = "snappy") -> List[str]:
+             compression: str = "snappy", progress: bool = True) -> List[str]:
     """Writes ``rows`` rows over ``files`` files ``part-00000.parquet``... in ``out_dir``; returns their paths.
 
     Rows are split as evenly as possible between files; each file is written
     in row groups of ``row_group_size`` rows. Deterministic in all arguments.
+    ``progress``: a bar of rows written on stderr (:func:`collective.progress.bar`).
     """
     if files < 1:
         raise ValueError(f"files={files} must be at least 1")
@@ -40,8 +42,10 @@ def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, se
     def make(chunk):
         return generate_table(chunk[2], scale=scale, seed=seed, zipf=zipf, teacher=teacher, stream=chunk[1])
 
+    desc = f"generating {os.path.basename(os.path.normpath(out_dir))}"
     # numpy and Parquet encoding both release the GIL: the next chunk is generated while this one is written.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool, \
+            progress_bar.bar(rows, desc, unit="rows", unit_scale=True, disable=not progress) as bar:
         try:
             pending = pool.submit(make, chunks[0]) if chunks else None
             for i, chunk in enumerate(chunks):
@@ -52,6 +56,7 @@ def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, se
                                                          compression=compression,
                                                          use_dictionary=list(schema.CATEGORICAL))
                 writers[chunk[0]].write_table(table, row_group_size=row_group_size)
+                bar.update(chunk[2])
         finally:
             for writer in writers.values():
                 writer.close()

@@ -6,6 +6,6 @@ from pathlib import Path
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
-    from modelzoo.runner import script_main
+    from modelzoo.script import script_main
 
     script_main("modelzoo.dlrm.model")
