@@ -110,6 +110,19 @@ def test_sharding_modes_follow_files_then_balanced_row_ranges(tmp_path):
     assert _pieces(paths, 0, 3, "row_group") == [(paths[0], 0, 0, 4), (paths[1], 1, 0, 4)]
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_auto_keeps_one_processs_batches_when_row_groups_are_plentiful(tmp_path, world_size):
+    """Row groups of batch / N rows round-robin: N workers' step s holds the rows one process reads at step s."""
+    per_worker = 4
+    paths, total = write_files(tmp_path, rows_per_file=(per_worker * world_size * 5,), row_group_size=per_worker)
+    assert _pieces(paths, 1, world_size) == _pieces(paths, 1, world_size, "row_group")
+    shares = [list(cd.parquet_dataset(paths, per_worker, fields=["row"], rank=r, world_size=world_size))
+              for r in range(world_size)]
+    one_process = read_all(cd.parquet_dataset(paths, per_worker * world_size, fields=["row"], rank=0, world_size=1))
+    steps = [np.concatenate([shares[r][s]["row"].numpy() for r in range(world_size)]) for s in range(5)]
+    np.testing.assert_array_equal(np.concatenate(steps), one_process)
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("rows_per_file", [(50,), (50, 7, 1)], ids=["1file", "3files"])
 def test_one_row_group_per_file_gives_every_worker_a_balanced_contiguous_share(tmp_path, world_size, rows_per_file):

@@ -9,8 +9,9 @@ row group). ``shard_by`` chooses how worker ``rank`` of ``world_size`` shares th
   ``[r * T // N, (r + 1) * T // N)`` of the ``T`` rows), cut at row-group boundaries; shares differ by
   at most one row, whatever the layout (one file with one row group, as pandas and Spark often write,
   trains on any N);
-- ``auto`` (the default): ``file`` when the files divide evenly among the workers and give each the
-  same number of rows, else ``rows``.
+- ``auto`` (the default): the first of ``file``, ``row_group`` and ``rows`` that gives every worker
+  the same rows within 10% of a share. ``row_group`` keeps one process's batches: with row groups of
+  ``batch_size / N`` rows, step ``s`` of N workers reads the rows one process reads at step ``s``.
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def resolve_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, i
     return rank, world_size
 
 
-def shard_mode(file_rows: Sequence[int], world_size: int, mode: str = "auto") -> str:
-    """``file``, ``row_group`` or ``rows``: ``mode``, or what ``auto`` picks for files of these row counts."""
-    if mode not in SHARD_MODES:
-        raise DataError(f"shard_by={mode!r} is not one of {', '.join(SHARD_MODES)}")
-    if mode == "auto":
-        even = len(file_rows) % world_size == 0 and \
-            len({sum(file_rows[r::world_size]) for r in range(world_size)}) == 1
-        return "file" if even else "rows"
-    return mode
+def _whole_pieces(infos: Sequence[ParquetFileInfo], rank: int, world_size: int, by_file: bool) -> List[Piece]:
+    pieces: List[Piece] = []
+    index = 0
+    for file_index, info in enumerate(infos):
+        for rg, rows in enumerate(info.row_group_rows):
+            if (file_index if by_file else index) % world_size == rank:
+                pieces.append(Piece(info.path, rg, rows))
+            index += 1
+    return pieces
 
 
 def _row_range_pieces(infos: Sequence[ParquetFileInfo], rank: int, world_size: int) -> List[Piece]:
@@ -74,21 +75,34 @@ def _row_range_pieces(infos: Sequence[ParquetFileInfo], rank: int, world_size: i
     return pieces
 
 
+def _plan(infos: Sequence[ParquetFileInfo], rank: int, world_size: int, mode: str) -> List[Piece]:
+    if mode == "rows":
+        return _row_range_pieces(infos, rank, world_size)
+    return _whole_pieces(infos, rank, world_size, by_file=mode == "file")
+
+
+def _balanced(infos: Sequence[ParquetFileInfo], world_size: int, mode: str) -> bool:
+    """Whether ``mode`` gives every worker the same rows, within 10% of a share (and one row)."""
+    if mode == "file" and len(infos) % world_size:
+        return False
+    shares = [sum(p.num_rows for p in _plan(infos, r, world_size, mode)) for r in range(world_size)]
+    return max(shares) - min(shares) <= max(1.0, 0.1 * sum(shares) / world_size)
+
+
+def shard_mode(infos: Sequence[ParquetFileInfo], world_size: int, mode: str = "auto") -> str:
+    """``file``, ``row_group`` or ``rows``: ``mode``, or what ``auto`` picks for these files."""
+    if mode not in SHARD_MODES:
+        raise DataError(f"shard_by={mode!r} is not one of {', '.join(SHARD_MODES)}")
+    if mode == "auto":
+        return next((m for m in ("file", "row_group") if _balanced(infos, world_size, m)), "rows")
+    return mode
+
+
 def shard_pieces(infos: Sequence[ParquetFileInfo], rank: int, world_size: int,
                  mode: str = "auto") -> List[Piece]:
     """The pieces worker ``rank`` of ``world_size`` reads, in file and row-group order."""
-    mode = shard_mode([sum(info.row_group_rows) for info in infos], world_size, mode)
-    if mode == "rows":
-        pieces = _row_range_pieces(infos, rank, world_size)
-    else:
-        pieces = []
-        index = 0
-        for file_index, info in enumerate(infos):
-            for rg, rows in enumerate(info.row_group_rows):
-                owner = file_index if mode == "file" else index
-                if owner % world_size == rank:
-                    pieces.append(Piece(info.path, rg, rows))
-                index += 1
+    mode = shard_mode(infos, world_size, mode)
+    pieces = _plan(infos, rank, world_size, mode)
     if not pieces:
         row_groups = sum(len(info.row_group_rows) for info in infos)
         hint = ("there are fewer rows than workers" if mode == "rows" else
