@@ -81,7 +81,7 @@ def _zoo(module: str) -> Builder:
 
         model_fn = importlib.import_module(module).model_fn
         spec = model_fn(_zoo_features(features), {"label": labels}, tf.estimator.ModeKeys.EVAL, zoo_params(params))
-        return spec.loss, spec.predictions["probabilities"]
+        return spec.loss, tf.reshape(spec.predictions["logistic"], [-1])  # the head's [B, 1] click probability
 
     build.__doc__ = f"{module}.model_fn's loss and probabilities (EVAL mode: the harness adds the optimizer)."
     return build

@@ -130,6 +130,28 @@ def call_model_fn(model_fn: Callable, features, labels, mode: str, params=None, 
     return spec
 
 
+def with_default_signature(signatures: Mapping[str, object]) -> Dict[str, object]:
+    """``signatures`` with ``serving_default`` = the ``predict`` signature when the export has no default.
+
+    ``tf.estimator``'s classifier and regressor heads make ``serving_default``
+    a classification or regression signature, which TensorFlow writes only
+    for one serialized ``tf.Example`` string input; with raw feature tensors
+    Estimator exports ``predict`` alone and warns "Export includes no default
+    signature". Naming ``predict`` the default as well keeps clients that call
+    the default (TF Serving without a signature name,
+    ``loaded.signatures["serving_default"]``) working; every signature
+    Estimator writes stays as it is.
+    """
+    out = dict(signatures)
+    default, predict = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY, tf.saved_model.PREDICT_METHOD_NAME
+    predict_key = "predict"
+    if default not in out and predict_key in out and out[predict_key].method_name == predict:
+        logger.info("export: no classification/regression signature for raw inputs; serving_default is the "
+                    "predict signature")
+        out[default] = out[predict_key]
+    return out
+
+
 def export_estimator(model_fn: Callable, params, config, export_dir_base, serving_input_receiver_fn: Callable,
                      checkpoint_path, assets_extra: Optional[Mapping[str, str]] = None,
                      as_text: bool = False) -> Optional[bytes]:
@@ -137,8 +159,9 @@ def export_estimator(model_fn: Callable, params, config, export_dir_base, servin
 
     Builds the PREDICT graph from ``serving_input_receiver_fn`` and
     ``model_fn`` (with the global step, as the Estimator does) and exports it
-    with :func:`export_saved_model`. Returns the export directory on rank 0,
-    None elsewhere.
+    with :func:`export_saved_model`, with the signatures Estimator writes
+    (plus :func:`with_default_signature`). Returns the export directory on
+    rank 0, None elsewhere.
     """
     def signature_def_fn():
         tf.compat.v1.train.get_or_create_global_step()
@@ -147,9 +170,10 @@ def export_estimator(model_fn: Callable, params, config, export_dir_base, servin
         outputs = export_lib.export_outputs_for_mode(
             mode=spec.mode, serving_export_outputs=spec.export_outputs, predictions=spec.predictions,
             loss=spec.loss, metrics=spec.eval_metric_ops)
-        return export_lib.build_all_signature_defs(
+        signatures = export_lib.build_all_signature_defs(
             receiver.receiver_tensors, outputs, getattr(receiver, "receiver_tensors_alternatives", None),
             serving_only=True)
+        return with_default_signature(signatures)
 
     return export_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra=assets_extra,
                               as_text=as_text)

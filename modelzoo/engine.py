@@ -8,13 +8,17 @@ core of ``collective`` (sharded tables, exchanges, averaged gradients):
   iterator; every worker runs the same number of batches (the exchanges are
   collective), predictions are gathered and the metrics computed exactly
   over all workers' rows (:func:`modelzoo.heads.numpy_metrics`);
-- export: every worker writes a checkpoint of whole logical tables to
-  ``model_dir`` (:class:`collective.checkpoint.Saver`), from which rank 0
-  writes a SavedModel that plain TensorFlow serves
-  (:func:`collective.export.export_estimator`, the one export writer).
+- checkpoints: every worker writes checkpoints of whole logical tables to
+  ``model_dir`` (:class:`collective.checkpoint.Saver`) every
+  ``save_checkpoints_steps`` steps and after the last one;
+- export: from the last checkpoint rank 0 writes a SavedModel that plain
+  TensorFlow serves (:func:`collective.export.export_estimator`, the one
+  export writer).
 
-:class:`EstimatorEngine` does the same through ``strategy.estimator(...)``
-(checkpoints in ``model_dir``). :func:`make_engine` is the one place that picks.
+:class:`EstimatorEngine` does the same through ``strategy.estimator(...)``.
+Both write TensorBoard events as Estimator does (:mod:`modelzoo.summaries`):
+``loss`` and ``samples/s`` in ``model_dir``, the evaluation metrics in
+``model_dir/eval``. :func:`make_engine` is the one place that picks.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collective import CollectiveStrategy, comm, progress
 from collective.byte_model import sent_bytes
 from collective.checkpoint import Saver
 from collective.export import export_estimator
-from modelzoo import heads
+from modelzoo import heads, summaries
 
 logger = logging.getLogger("modelzoo")
 
@@ -99,11 +103,17 @@ class SessionEngine:
       strategy: the job's strategy; None trains plain TensorFlow in one process (the baseline).
       model_fn: ``model_fn(features, labels, mode, params) -> EstimatorSpec``; the PREDICT graph must
         create the same variables as the TRAIN graph.
+      model_dir: where checkpoints, events and the export go. A run starts from fresh weights (it does
+        not resume from a checkpoint there).
       params: passed to ``model_fn``; ``seed`` seeds the graph.
+      save_checkpoints_steps: also save a checkpoint every this many steps (0: only after the last step).
+      save_summary_steps: write ``loss`` and ``samples/s`` events every this many steps (0: none).
     """
 
-    def __init__(self, strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str, params: Mapping):
+    def __init__(self, strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str, params: Mapping,
+                 *, save_checkpoints_steps: int = 0, save_summary_steps: int = 100):
         self.strategy, self.model_fn, self.model_dir, self.params = strategy, model_fn, model_dir, dict(params)
+        self.save_checkpoints_steps, self.save_summary_steps = save_checkpoints_steps, save_summary_steps
         self.world_size = strategy.world_size() if strategy else 1
         self.rank = strategy.rank() if strategy else 0
         if strategy is None and comm.world_size() > 1:
@@ -134,26 +144,40 @@ class SessionEngine:
                 handles.append(tf.compat.v1.data.make_one_shot_iterator(eval_ds).string_handle())
             rows_in = tf.compat.v1.placeholder(tf.float32, [None, None], name="eval_rows")
             gathered_rows = comm.allgather(rows_in)
-            saver = (Saver() if self.strategy else tf.compat.v1.train.Saver()) if export_dir_base else None
+            saver = Saver() if self.strategy else tf.compat.v1.train.Saver()
             sent = comm.bytes_counter()
+            self._warn_if_resumable()
             with tf.compat.v1.Session(config=self._session_config()) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
                           tf.compat.v1.tables_initializer()])
                 handle_values = sess.run(handles)
+                events = summaries.TrainSummaries(self.model_dir, max_steps, global_batch, self.save_summary_steps,
+                                                  self.rank)
+
+                def after_step(step: int, loss: float) -> float:
+                    """Events and periodic checkpoints; returns the seconds spent saving."""
+                    events.step(step, loss)
+                    if not self.save_checkpoints_steps or step % self.save_checkpoints_steps or step == max_steps:
+                        return 0.0
+                    start = time.perf_counter()
+                    self._save(saver, sess, step)
+                    events.pause(time.perf_counter() - start)
+                    return time.perf_counter() - start
+
                 loss, rate, losses = self._train(sess, spec, {handle: handle_values[0]},
-                                                 max_steps, global_batch, log_every)
+                                                 max_steps, global_batch, log_every,
+                                                 after_step)
                 local_samples = max_steps * global_batch // self.world_size
                 bytes_per_sample = float(sess.run(sent) - max_steps * loss_bytes) / max(local_samples, 1)
+                checkpoint = self._save(saver, sess, max_steps)
                 metrics, predictions = {}, None
                 if eval_ds is not None:
                     metrics, predictions = self._evaluate(sess, spec, labels, {handle: handle_values[1]},
                                                           eval_steps, eval_rows, rows_in, gathered_rows)
-                checkpoint = None
-                if saver is not None:
-                    tf.io.gfile.makedirs(self.model_dir)
-                    checkpoint = saver.save(sess, os.path.join(self.model_dir, "model.ckpt"), global_step=max_steps)
+                    summaries.write_eval(self.model_dir, max_steps,
+                                         {k: v for k, v in metrics.items() if k != "eval_rows"}, self.rank)
         export_path = None
-        if checkpoint is not None:
+        if export_dir_base and checkpoint is not None:
             path = export_estimator(self.model_fn, self.params, None, export_dir_base, serving_input_receiver_fn,
                                     checkpoint)
             export_path = path.decode() if isinstance(path, bytes) else path
@@ -163,24 +187,41 @@ class SessionEngine:
     def _session_config(self) -> tf.compat.v1.ConfigProto:
         return tf.compat.v1.ConfigProto(allow_soft_placement=True)
 
-    def _train(self, sess, spec, feed, max_steps: int, global_batch: int, log_every: int):
+    def _save(self, saver, sess, step: int) -> Optional[str]:
+        """Every worker saves the checkpoint of ``step`` to ``model_dir`` (whole logical tables)."""
+        tf.io.gfile.makedirs(self.model_dir)
+        return saver.save(sess, os.path.join(self.model_dir, "model.ckpt"), global_step=step)
+
+    def _warn_if_resumable(self) -> None:
+        if self.rank == 0 and tf.io.gfile.isdir(self.model_dir) and tf.train.latest_checkpoint(self.model_dir):
+            logger.warning("%s holds checkpoints of an earlier run: the session engine starts from fresh weights "
+                           "and writes its own checkpoints there (--engine estimator resumes)", self.model_dir)
+
+    def _train(self, sess, spec, feed, max_steps: int, global_batch: int, log_every: int,
+               after_step: Optional[Callable[[int, float], float]] = None):
+        """Runs ``max_steps`` steps; ``after_step(step, loss)`` returns seconds to leave out of samples/s."""
         progress = Progress(max_steps, global_batch, log_every, self.rank)
         warmup = min(5, max_steps // 10)
-        start, loss = time.perf_counter(), float("nan")
+        start, loss, paused = time.perf_counter(), float("nan"), 0.0
         for step in range(1, max_steps + 1):
             loss, _ = sess.run([spec.loss, spec.train_op], feed)
             if not np.isfinite(loss):
                 raise FloatingPointError(f"training loss is {loss} at step {step}; lower --learning_rate")
             if step == warmup:
-                start = time.perf_counter()
+                start, paused = time.perf_counter(), 0.0
             progress.step(step, float(loss))
-        seconds = time.perf_counter() - start
+            if after_step is not None:
+                paused += after_step(step, float(loss))
+        seconds = time.perf_counter() - start - paused
         progress.close()
         rate = (max_steps - warmup) * global_batch / seconds if max_steps > warmup else float("nan")
         return float(loss), rate, progress.losses
 
     def _evaluate(self, sess, spec, labels, feed, eval_steps: int, eval_rows: int, rows_in, gathered_rows):
-        names: List[str] = sorted(spec.predictions)
+        # The head's one-number-per-row predictions (logits, logistic, class_ids or predictions); the rest
+        # (probabilities [B, 2], class strings) follow from them.
+        names: List[str] = sorted(n for n, t in spec.predictions.items()
+                                  if (t.dtype.is_floating or t.dtype.is_integer) and t.shape[1:].num_elements() == 1)
         label_names: List[str] = sorted(labels)
         fetch = ([spec.predictions[n] for n in names], [labels[n] for n in label_names])
         columns: List[np.ndarray] = []
@@ -202,16 +243,20 @@ class SessionEngine:
 class EstimatorEngine:
     """Runs a ``model_fn`` through ``strategy.estimator(...)`` (:mod:`collective.estimator`).
 
-    Training writes checkpoints to ``model_dir``; evaluation uses the
-    Estimator's global ``eval_metric_ops`` (AUC from thresholds, so it differs
-    slightly from :class:`SessionEngine`'s exact AUC); export needs
-    ``collective.export``.
+    Training writes checkpoints to ``model_dir`` (every ``save_checkpoints_steps``
+    steps and at the end) and resumes from one found there; Estimator writes
+    the ``loss`` and evaluation events, :class:`modelzoo.summaries.SamplesPerSecondHook`
+    adds ``samples/s``. Evaluation uses the Estimator's global
+    ``eval_metric_ops`` (AUC from thresholds, so it differs slightly from
+    :class:`SessionEngine`'s exact AUC); export goes through ``collective.export``.
     """
 
     finite_eval = True  # the Estimator pads uneven shares itself: give it one pass over each worker's rows
 
-    def __init__(self, strategy: CollectiveStrategy, model_fn: Callable, model_dir: str, params: Mapping):
+    def __init__(self, strategy: CollectiveStrategy, model_fn: Callable, model_dir: str, params: Mapping,
+                 *, save_checkpoints_steps: int = 0, save_summary_steps: int = 100):
         self.strategy, self.model_fn, self.model_dir, self.params = strategy, model_fn, model_dir, dict(params)
+        self.save_checkpoints_steps, self.save_summary_steps = save_checkpoints_steps, save_summary_steps
 
     def run(self, train_input_fn: Callable, max_steps: int, global_batch: int, *,
             eval_input_fn: Optional[Callable] = None, eval_steps: int = 0, eval_rows: int = 0,
@@ -220,15 +265,20 @@ class EstimatorEngine:
         from collective.hooks import ThroughputHook  # pylint: disable=import-outside-toplevel
 
         del eval_rows, keep_predictions
-        config = tf.estimator.RunConfig(tf_random_seed=self.params.get("seed", 0), save_checkpoints_steps=max_steps,
-                                        save_checkpoints_secs=None, keep_checkpoint_max=1,
+        config = tf.estimator.RunConfig(tf_random_seed=self.params.get("seed", 0),
+                                        save_checkpoints_steps=self.save_checkpoints_steps or max_steps,
+                                        save_checkpoints_secs=None, save_summary_steps=self.save_summary_steps,
                                         log_step_count_steps=None)
         with self.strategy.scope():
             estimator = self.strategy.estimator(lambda features, labels, mode, params: self.model_fn(
                 features, labels, mode, params), self.model_dir, config=config, params=self.params)
             hook = ThroughputHook(every_n_steps=max(1, log_every or max_steps), global_batch_size=global_batch,
                                   loss=_trained_loss)
-            estimator.train(lambda: train_input_fn(), max_steps=max_steps, hooks=[hook])
+            train_hooks = [hook]
+            if self.strategy.rank() == 0 and self.save_summary_steps:
+                train_hooks.append(summaries.SamplesPerSecondHook(self.model_dir, global_batch,
+                                                                  self.save_summary_steps))
+            estimator.train(lambda: train_input_fn(), max_steps=max_steps, hooks=train_hooks)
             metrics: Dict[str, float] = {}
             if eval_input_fn is not None:
                 result = estimator.evaluate(lambda: eval_input_fn(), steps=eval_steps or None)
@@ -260,12 +310,13 @@ ENGINES = ("session", "estimator")
 
 
 def make_engine(name: str, strategy: Optional[CollectiveStrategy], model_fn: Callable, model_dir: str,
-                params: Mapping):
+                params: Mapping, **options):
     """The engine a ``train.py`` runs on: ``session`` (:class:`SessionEngine`) or ``estimator``
-    (:class:`EstimatorEngine`, not for the plain baseline)."""
+    (:class:`EstimatorEngine`, not for the plain baseline). ``options``: ``save_checkpoints_steps``,
+    ``save_summary_steps``."""
     if name == "session":
-        return SessionEngine(strategy, model_fn, model_dir, params)
+        return SessionEngine(strategy, model_fn, model_dir, params, **options)
     if name == "estimator" and strategy is not None:
-        return EstimatorEngine(strategy, model_fn, model_dir, params)
+        return EstimatorEngine(strategy, model_fn, model_dir, params, **options)
     raise ValueError(f"--engine {name!r} is not one of {', '.join(ENGINES)} (estimator needs CollectiveStrategy: "
                      "drop --plain)")

@@ -5,7 +5,8 @@ categorical ids with their vocabulary sizes, optional multi-hot lists, and
 the label columns. Models build their embedding tables from it with
 :func:`embedding_layer` (``tf.compat.v1.get_variable`` under
 ``embedding_scope()``, coalesced lookups), and the serving
-signature with :func:`serving_input_receiver_fn`.
+signature with :func:`serving_input_receiver_fn` (raw feature tensors or
+serialized ``tf.Example``).
 """
 
 from __future__ import annotations
@@ -143,10 +144,38 @@ def serving_features(spec: FeatureSpec) -> Dict[str, tf.Tensor]:
     return out
 
 
-def serving_input_receiver_fn(spec: FeatureSpec):
-    """The ``serving_input_receiver_fn`` of ``Estimator.export_saved_model`` for ``spec``."""
-    def receiver():
+SERVING_INPUTS = ("raw", "example")
+
+
+def example_feature_spec(spec: FeatureSpec) -> Dict[str, object]:
+    """The ``tf.io.parse_example`` spec of one request row: numeric features ``float_list``, ids
+    ``int64_list`` (one value each), multi-hot lists the row's ids (``int64_list`` of any length)."""
+    out: Dict[str, object] = {name: tf.io.FixedLenFeature([], tf.float32) for name in spec.numeric}
+    out.update({name: tf.io.FixedLenFeature([], tf.int64) for name, _ in spec.categorical})
+    out.update({name: tf.io.VarLenFeature(tf.int64) for name, _ in spec.multi_hot})
+    return out
+
+
+def serving_input_receiver_fn(spec: FeatureSpec, serving_input: str = "raw"):
+    """The ``serving_input_receiver_fn`` of ``Estimator.export_saved_model`` for ``spec``.
+
+    ``raw``: one input tensor per feature (:func:`serving_features`).
+    ``example``: one string tensor ``examples`` of serialized ``tf.Example``s
+    (:func:`example_feature_spec`), as ``tf.estimator.export.build_parsing_serving_input_receiver_fn``
+    makes it and TF Serving clients send; multi-hot id lists become the model's indicators.
+    """
+    if serving_input not in SERVING_INPUTS:
+        raise ValueError(f"serving input {serving_input!r} is not one of {', '.join(SERVING_INPUTS)}")
+
+    def raw():
         features = serving_features(spec)
         return tf.estimator.export.ServingInputReceiver(features, features)
 
-    return receiver
+    def example():
+        parsed = tf.estimator.export.build_parsing_serving_input_receiver_fn(example_feature_spec(spec))()
+        features = dict(parsed.features)
+        for name, size in spec.multi_hot:
+            features[name] = tf.cast(tf.sparse.to_indicator(features[name], size), tf.float32)
+        return tf.estimator.export.ServingInputReceiver(features, parsed.receiver_tensors)
+
+    return raw if serving_input == "raw" else example

@@ -8,6 +8,7 @@ from typing import Mapping, Optional, Sequence
 
 from collective.embedding import exchanges
 from modelzoo.engine import ENGINES
+from modelzoo.features import SERVING_INPUTS
 from modelzoo.heads import OPTIMIZERS
 
 
@@ -49,10 +50,19 @@ def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argpa
     p.add_argument("--learning_rate", type=float, default=defaults["learning_rate"], help="learning rate")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=defaults["optimizer"], help="optimizer")
     p.add_argument("--model_dir", default=defaults["model_dir"],
-                   help="where metrics.json is written")
+                   help="checkpoints (model.ckpt-STEP), TensorBoard events (loss and samples/s; evaluation "
+                        "metrics in eval/), metrics.json and the export")
+    p.add_argument("--save_checkpoints_steps", type=int, default=1000,
+                   help="also save a checkpoint every this many steps (0: none); the last step is always saved")
+    p.add_argument("--save_summary_steps", type=int, default=100,
+                   help="write loss and samples/s events every this many steps (0: none)")
     p.add_argument("--export_dir", default=None,
                    help="base directory of the exported SavedModel (default: MODEL_DIR/export); "
                         "'none' skips the export")
+    p.add_argument("--serving_input", choices=SERVING_INPUTS, default="raw",
+                   help="the SavedModel's input: raw (one tensor per feature) or example (one string tensor "
+                        "'examples' of serialized tf.Example, as TF Serving clients send, which also gets "
+                        "Estimator's classification/regression signatures; see docs/modelzoo.md)")
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
                    help="evaluate on the test rows after training")
     p.add_argument("--eval_batches", type=int, default=0,
@@ -84,6 +94,9 @@ def check(args: argparse.Namespace, world_size: int, p: Optional[argparse.Argume
         fail(f"--batch_size {args.batch_size} must be a positive multiple of the {world_size} workers")
     if args.steps < 1:
         fail(f"--steps {args.steps} must be at least 1")
+    for flag in ("save_checkpoints_steps", "save_summary_steps"):
+        if getattr(args, flag) < 0:
+            fail(f"--{flag} {getattr(args, flag)} must be >= 0")
     if args.learning_rate <= 0:
         fail(f"--learning_rate {args.learning_rate} must be > 0")
     if args.plain and world_size > 1:

@@ -2,8 +2,24 @@
 
 A model computes one output per example (a logit for ``binary``, a value for
 ``regression``) and hands it to :func:`estimator_spec`, which builds the
-``EstimatorSpec`` for each mode. :func:`numpy_metrics` computes the same
-metrics exactly from gathered predictions (the session engine's evaluation).
+``EstimatorSpec`` for each mode. Predictions and export outputs are those of
+``tf.estimator``'s own heads (``BinaryClassHead``, ``RegressionHead``), so a
+SavedModel has the signatures, output keys, shapes and dtypes Estimator users
+serve:
+
+- binary: ``logits``, ``logistic`` (sigmoid) and ``class_ids`` ``[B, 1]``,
+  ``probabilities`` ``[B, 2]`` (``[1 - p, p]``), ``classes`` ``[B, 1]``
+  string, ``all_class_ids`` / ``all_classes`` ``[B, 2]``; signatures
+  ``serving_default`` and ``classification`` (scores and classes),
+  ``regression`` (``logistic``) and ``predict`` (all of them);
+- regression: ``predictions`` ``[B, 1]``; signatures ``serving_default`` and
+  ``regression``, and ``predict``.
+
+The classification and regression signatures take one serialized
+``tf.Example`` string tensor (TensorFlow's rule); with raw feature tensors only
+``predict`` can be written (see :func:`collective.export.export_estimator`).
+:func:`numpy_metrics` computes the same metrics exactly from gathered
+predictions (the session engine's evaluation).
 """
 
 from __future__ import annotations
@@ -30,11 +46,21 @@ def make_optimizer(name: str, learning_rate: float) -> tf.compat.v1.train.Optimi
     return makers[name]()
 
 
-def _predictions(task: str, output: tf.Tensor, value_range) -> Dict[str, tf.Tensor]:
-    if task == "binary":
-        return {"probabilities": tf.sigmoid(output), "logits": output}
-    value = output if value_range is None else tf.clip_by_value(output, value_range[0], value_range[1])
-    return {"prediction": value}
+def _head(task: str):
+    """``tf.estimator``'s head of ``task``: the source of the prediction keys and export outputs."""
+    return tf.estimator.BinaryClassHead() if task == "binary" else tf.estimator.RegressionHead()
+
+
+def _head_logits(task: str, output: tf.Tensor, value_range) -> tf.Tensor:
+    """``[B, 1]``: the logit, or the regression value clipped to ``value_range`` (what is served)."""
+    if task == "regression" and value_range is not None:
+        output = tf.clip_by_value(output, value_range[0], value_range[1])
+    return tf.expand_dims(output, -1)
+
+
+def score_key(task: str) -> str:
+    """The ``[B, 1]`` prediction metrics score: ``logistic`` (binary) or ``predictions`` (regression)."""
+    return "logistic" if task == "binary" else "predictions"
 
 
 def estimator_spec(mode: str, output: tf.Tensor, labels: Optional[Mapping[str, tf.Tensor]], params: Mapping,
@@ -51,17 +77,16 @@ def estimator_spec(mode: str, output: tf.Tensor, labels: Optional[Mapping[str, t
     if task not in TASKS:
         raise ValueError(f"task {task!r} is not one of {', '.join(TASKS)}")
     output = tf.reshape(output, [-1])
-    predictions = _predictions(task, output, params.get("value_range"))
+    head, head_logits = _head(task), _head_logits(task, output, params.get("value_range"))
     if mode == PREDICT:
-        return tf.estimator.EstimatorSpec(mode, predictions=predictions,
-                                          export_outputs={"serving_default":
-                                                          tf.estimator.export.PredictOutput(predictions)})
+        return head.create_estimator_spec(features={}, mode=mode, logits=head_logits)
+    predictions = head.predictions(head_logits)
+    score = tf.reshape(predictions[score_key(task)], [-1])
     target = tf.reshape(tf.cast(labels[params["target"]], tf.float32), [-1])
     if task == "binary":
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=target, logits=output))
-        score, auc_label = predictions["probabilities"], target
+        auc_label = target
     else:
-        score = predictions["prediction"]
         # Training fits the raw output; evaluation scores what is served (clipped to value_range).
         loss = tf.reduce_mean(tf.square((output if mode == TRAIN else score) - target))
         auc_label = labels.get(params.get("auc_label")) if params.get("auc_label") else None
@@ -92,13 +117,14 @@ def exact_auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def numpy_metrics(params: Mapping, predictions: Mapping[str, np.ndarray],
                   labels: Mapping[str, np.ndarray]) -> Dict[str, float]:
-    """``loss`` and ``auc`` (binary) or ``loss``, ``rmse`` and ``auc`` (regression), as in :func:`estimator_spec`."""
-    target = np.asarray(labels[params["target"]], np.float64)
+    """``loss`` and ``auc`` (binary) or ``loss``, ``rmse`` and ``auc`` (regression), as in :func:`estimator_spec`,
+    from the head's ``[B]`` or ``[B, 1]`` predictions (``logits`` and ``logistic``, or ``predictions``)."""
+    target = np.asarray(labels[params["target"]], np.float64).reshape(-1)
     if params["task"] == "binary":
-        logits = np.asarray(predictions["logits"], np.float64)
+        logits = np.asarray(predictions["logits"], np.float64).reshape(-1)
         loss = np.mean(np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits))))
-        return {"loss": float(loss), "auc": exact_auc(target, predictions["probabilities"])}
-    value = np.asarray(predictions["prediction"], np.float64)
+        return {"loss": float(loss), "auc": exact_auc(target, np.asarray(predictions["logistic"]).reshape(-1))}
+    value = np.asarray(predictions["predictions"], np.float64).reshape(-1)
     out = {"loss": float(np.mean(np.square(value - target))), "rmse": float(np.sqrt(np.mean(np.square(value - target))))}
     if params.get("auc_label"):
         out["auc"] = exact_auc(labels[params["auc_label"]], value)

@@ -4,7 +4,8 @@ A model is a :class:`Recipe`: its ``model_fn``, its own flags, how it finds
 its data, and how flags become ``params``. Output (rank 0): a progress bar
 while training (a line every ``--log_every`` steps off a terminal), then one
 JSON line with the metrics, also written to ``MODEL_DIR/metrics.json`` with
-the training loss of every step (``loss_curve``).
+the training loss of every step (``loss_curve``); the engine writes checkpoints and
+TensorBoard events to ``MODEL_DIR`` as well.
 """
 
 from __future__ import annotations
@@ -94,10 +95,13 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
                                         rank=rank if eval_rows else 0, world_size=n)
     export_base = None if (args.export_dir or "").lower() == "none" else (
         args.export_dir or os.path.join(args.model_dir, "export"))
-    engine = make_engine(args.engine, strategy, recipe.model_fn, args.model_dir, params)
+    engine = make_engine(args.engine, strategy, recipe.model_fn, args.model_dir, params,
+                         save_checkpoints_steps=args.save_checkpoints_steps,
+                         save_summary_steps=args.save_summary_steps)
     result: RunResult = engine.run(train_fn, args.steps, args.batch_size, eval_input_fn=eval_fn,
                                    eval_steps=eval_steps, eval_rows=eval_rows, export_dir_base=export_base,
-                                   serving_input_receiver_fn=serving_input_receiver_fn(dataset.spec),
+                                   serving_input_receiver_fn=serving_input_receiver_fn(dataset.spec,
+                                                                                       args.serving_input),
                                    log_every=args.log_every, keep_predictions=keep_predictions)
     metrics: Dict[str, object] = {
         "model": recipe.name, "backend": "plain" if args.plain else args.backend, "workers": n,

@@ -1,8 +1,12 @@
 """The model zoo: each recipe trains on 1 and 2 workers with each backend, evaluates, exports a SavedModel
-that plain TensorFlow serves, and matches the plain single-process TensorFlow baseline."""
+that plain TensorFlow serves (with tf.estimator's head signatures, from raw tensors or serialized tf.Example),
+writes checkpoints and TensorBoard events to its model_dir on both engines, and matches the plain
+single-process TensorFlow baseline."""
 
+import glob
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -24,7 +28,8 @@ pytestmark = pytest.mark.timeout(1800)  # 12 small trainings in 2 launches: minu
 ROW_GROUP = 16  # = the per-worker batch on 2 workers: N workers then read exactly the rows one process reads
 # At world size 1 both backends look up with one local gather; sok is run on 2 workers, where it differs.
 RUNS = [("plain", 1), ("hb", 1), ("hb", 2), ("sok", 2)]
-EXPORTED = [("hb", 1), ("sok", 2)]
+EXPORTED = [("hb", 1), ("sok", 2)]  # raw feature inputs; serialized tf.Example (and raw again from its checkpoint)
+SCORE = {"dlrm": "logistic", "deepfm": "logistic", "movielens": "predictions"}  # the head's [B, 1] score
 
 
 def _write_criteo(root):
@@ -60,7 +65,8 @@ def zoo(tmp_path_factory):
     _write_criteo(criteo)
     _write_movielens(ml)
     run_workers("modelzoo_worker.py", 1, [out, criteo, ml, "plain", "hb+export"], timeout=1500)
-    run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export"], timeout=1500)
+    run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export+example", "hb+estimator"],
+                timeout=1500)
     results = {}
     for model in MODELS:
         for backend, n in RUNS:
@@ -68,7 +74,7 @@ def zoo(tmp_path_factory):
             with np.load(f"{stem}.npz") as data:
                 predictions = {k: data[k] for k in data.files}
             results[model, backend, n] = json.loads(open(f"{stem}.json").read()), predictions
-    return {"results": results, "criteo": criteo, "movielens": ml}
+    return {"results": results, "criteo": criteo, "movielens": ml, "out": out}
 
 
 def _global_order(files, n):
@@ -94,7 +100,7 @@ def _test_files(zoo, model):
 def test_every_backend_and_worker_count_trains_what_plain_tensorflow_trains(zoo, model):
     base_metrics, base = zoo["results"][model, "plain", 1]
     assert base_metrics["eval_rows"] == 128
-    key = "probabilities" if model != "movielens" else "prediction"
+    key = SCORE[model]
     for backend, n in RUNS[1:]:
         metrics, predictions = zoo["results"][model, backend, n]
         inverse = np.argsort(_global_order(_test_files(zoo, model), n))
@@ -114,13 +120,70 @@ def test_every_backend_and_worker_count_trains_what_plain_tensorflow_trains(zoo,
 def test_metrics_are_the_head_metrics_of_the_gathered_predictions(zoo, model):
     metrics, predictions = zoo["results"][model, "sok", 2]
     if model == "movielens":
-        err = predictions["prediction"] - predictions["rating"]
+        err = predictions["predictions"] - predictions["rating"]
         assert metrics["rmse"] == pytest.approx(float(np.sqrt(np.mean(err.astype(np.float64) ** 2))), rel=1e-6)
-        assert 0.5 <= predictions["prediction"].min() and predictions["prediction"].max() <= 5.0
+        assert 0.5 <= predictions["predictions"].min() and predictions["predictions"].max() <= 5.0
     else:
-        assert metrics["auc"] == pytest.approx(heads.exact_auc(predictions["label"], predictions["probabilities"]))
+        assert metrics["auc"] == pytest.approx(heads.exact_auc(predictions["label"], predictions["logistic"]))
+        np.testing.assert_allclose(predictions["logistic"], 1 / (1 + np.exp(-predictions["logits"])), rtol=1e-5)
+        np.testing.assert_array_equal(predictions["class_ids"], predictions["logits"] > 0)
     with open(os.path.join(os.path.dirname(metrics["export_path"]), "..", "metrics.json")) as f:
         assert json.load(f)["loss"] == metrics["loss"]
+
+
+def _scalars(directory):
+    """{tag: {step: value}} of the event files directly in ``directory``, and how many files there are."""
+    import tensorflow as tf
+
+    files = sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*")))
+    scalars = {}
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                steps = scalars.setdefault(value.tag, {})
+                assert event.step not in steps, f"{value.tag} of step {event.step} written twice (by two ranks?)"
+                steps[event.step] = value.simple_value
+    return scalars, len(files)
+
+
+@pytest.mark.parametrize("model,engine", [("dlrm", "session"), ("movielens", "session"), ("dlrm", "estimator")])
+def test_model_dir_holds_checkpoints_and_events(zoo, model, engine):
+    """2 workers, 8 steps, checkpoints and events every 4: logical tables in the checkpoints, loss and
+    samples/s events, and the evaluation metrics of metrics.json in model_dir/eval."""
+    import tensorflow as tf
+
+    model_dir = str(zoo["out"] / f"{model}-{'sok' if engine == 'session' else 'hb-est'}-n2")
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["workers"] == 2 and metrics["steps"] == 8
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert latest == os.path.join(model_dir, "model.ckpt-8"), latest
+    assert tf.compat.v1.train.checkpoint_exists(os.path.join(model_dir, "model.ckpt-4"))
+    shapes = tf.train.load_checkpoint(model_dir).get_variable_to_shape_map()
+    assert shapes["global_step"] == []
+    assert int(tf.train.load_checkpoint(model_dir).get_tensor("global_step")) == 8
+    if model == "dlrm":
+        meta = json.loads((zoo["criteo"] / "meta.json").read_text())
+        tables = {f"embedding/C{i + 1}": [size, 4] for i, size in enumerate(meta["cardinalities"])}
+    else:
+        tables = {"factors/user_id": [40, 4], "factors/item_id": [60, 4], "biases/user_id": [40, 1],
+                  "biases/item_id": [60, 1]}
+    for name, shape in tables.items():  # whole logical tables, whatever the world size
+        assert shapes.get(name) == shape, (name, shapes.get(name), sorted(shapes))
+
+    train, files = _scalars(model_dir)
+    assert files == 1, "rank 0 alone writes events"
+    # Estimator's own loss summaries: the first step, then every 4 from there.
+    assert set(train["loss"]) == ({1, 4, 8} if engine == "session" else {1, 5}), train["loss"]
+    assert set(train["samples/s"]) == {4, 8} and min(train["samples/s"].values()) > 0, train["samples/s"]
+    if engine == "session":
+        assert train["loss"][8] == pytest.approx(metrics["train_loss"], rel=1e-6)
+    evaluation, files = _scalars(os.path.join(model_dir, "eval"))
+    assert files == 1
+    for name in ("loss", "auc", "rmse"):
+        if name in metrics:
+            assert evaluation[name] == {8: pytest.approx(metrics[name], rel=1e-6)}, name
+    assert ("rmse" if model == "movielens" else "auc") in evaluation
 
 
 def test_exact_auc_against_pairs():
@@ -134,42 +197,161 @@ def test_exact_auc_against_pairs():
 _SERVE = textwrap.dedent("""
     import json, sys
     import numpy as np, pyarrow.parquet as pq, tensorflow as tf
-    out = {}
-    for path, data, n in json.loads(sys.argv[1]):
-        table = pq.read_table(data).slice(0, n)
-        serve = tf.saved_model.load(path).signatures["serving_default"]
+
+    def spec(t):
+        return [t.dtype.name, t.shape.as_list()]
+
+    def raw_inputs(signature, table, n):
         inputs = {}
-        for name, spec in serve.structured_input_signature[1].items():
+        for name, ts in signature.structured_input_signature[1].items():
             column = table.column(name)
-            if spec.shape.rank == 2:  # multi-hot genres
-                hot = np.zeros((n, spec.shape[1]), np.float32)
+            if ts.shape.rank == 2:  # multi-hot genres
+                hot = np.zeros((n, ts.shape[1]), np.float32)
                 for row, ids in enumerate(column.to_pylist()):
                     hot[row, ids] = 1.0
                 inputs[name] = tf.constant(hot)
             else:
-                inputs[name] = tf.constant(column.to_numpy().astype(spec.dtype.as_numpy_dtype))
-        out[path] = {k: v.numpy().tolist() for k, v in serve(**inputs).items()}
+                inputs[name] = tf.constant(column.to_numpy().astype(ts.dtype.as_numpy_dtype))
+        return inputs
+
+    def examples(table, raw_signature):
+        # One tf.Example per row, as a TF Serving client builds it: floats, ids, the genre id list.
+        specs = raw_signature.structured_input_signature[1]
+        out = []
+        for row in table.select(list(specs)).to_pylist():
+            feature = {}
+            for name, value in row.items():
+                if specs[name].dtype == tf.float32 and specs[name].shape.rank == 1:
+                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+                else:
+                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
+                        value=value if isinstance(value, list) else [value]))
+            out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return tf.constant(out)
+
+    def value(t):
+        t = t.numpy()
+        return t.astype(str).tolist() if t.dtype == object else t.tolist()
+
+    out = {}
+    for path, raw_path, data, n in json.loads(sys.argv[1]):
+        table = pq.read_table(data).slice(0, n)
+        signatures = tf.saved_model.load(path).signatures
+        raw = tf.saved_model.load(raw_path).signatures["predict"] if raw_path else signatures["predict"]
+        result = {}
+        for key, signature in signatures.items():
+            inputs = signature.structured_input_signature[1]
+            if all(t.dtype == tf.string for t in inputs.values()):
+                feed = {name: examples(table, raw) for name in inputs}
+            else:
+                feed = raw_inputs(signature, table, n)
+            result[key] = {"inputs": {k: spec(t) for k, t in inputs.items()},
+                           "outputs": {k: spec(t) for k, t in signature.structured_outputs.items()},
+                           "values": {k: value(t) for k, t in signature(**feed).items()}}
+        out[path] = result
     assert not any(m.split(".")[0] in ("collective", "horovod", "modelzoo") for m in sys.modules), "not plain TF"
     print(json.dumps(out))
 """)
 
+BINARY_PREDICT = {"logits": ["float32", [None, 1]], "logistic": ["float32", [None, 1]],
+                  "probabilities": ["float32", [None, 2]], "class_ids": ["int64", [None, 1]],
+                  "classes": ["string", [None, 1]], "all_class_ids": ["int32", [None, 2]],
+                  "all_classes": ["string", [None, 2]]}  # tf.estimator.BinaryClassHead's
+EXAMPLES = {"examples": ["string", [None]]}  # build_parsing_serving_input_receiver_fn's
+CLASSIFY_REGRESS_INPUTS = {"inputs": ["string", [None]]}
 
-def test_exported_saved_models_serve_in_plain_tensorflow(zoo):
-    jobs, expected = [], {}
+
+@pytest.fixture(scope="module")
+def served(zoo):
+    """Every export served by plain TensorFlow on the first test row group: {export path: {signature: ...}}."""
+    jobs = []
     for model in MODELS:
         for backend, n in EXPORTED:
-            metrics, predictions = zoo["results"][model, backend, n]
+            metrics, _ = zoo["results"][model, backend, n]
             first = _test_files(zoo, model)[0]
             rows = pq.ParquetFile(first).metadata.row_group(0).num_rows  # row group 0 is evaluated first
-            key = "probabilities" if model != "movielens" else "prediction"
-            jobs.append([metrics["export_path"], first, rows])
-            expected[metrics["export_path"]] = (key, predictions[key][:rows])
+            jobs.append([metrics["export_path"], metrics.get("export_raw_path"), first, rows])
+            if metrics.get("export_raw_path"):
+                jobs.append([metrics["export_raw_path"], None, first, rows])
     proc = subprocess.run([sys.executable, "-c", _SERVE, json.dumps(jobs)], capture_output=True, text=True,
                           timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    served = json.loads(proc.stdout.strip().splitlines()[-1])
-    for path, (key, want) in expected.items():
-        np.testing.assert_allclose(served[path][key], want, rtol=1e-5, atol=1e-6, err_msg=path)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_exported_saved_models_serve_in_plain_tensorflow(zoo, served):
+    """Raw-tensor and tf.Example exports give the distributed model's evaluation predictions."""
+    for model in MODELS:
+        key = SCORE[model]
+        for backend, n in EXPORTED:
+            metrics, predictions = zoo["results"][model, backend, n]
+            for path in (metrics["export_path"], metrics.get("export_raw_path")):
+                if path:
+                    got = np.asarray(served[path]["predict"]["values"][key])
+                    assert got.shape[1:] == (1,), (path, got.shape)
+                    np.testing.assert_allclose(got[:, 0], predictions[key][:len(got)], rtol=1e-5, atol=1e-6,
+                                               err_msg=path)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_exported_signatures_are_the_estimator_heads(zoo, served, model):
+    """tf.estimator's head conventions: signature names, output keys, shapes, dtypes and values; the
+    serialized tf.Example signatures give what the raw-tensor signature gives for the same rows."""
+    binary = model != "movielens"
+    predict_outputs = BINARY_PREDICT if binary else {"predictions": ["float32", [None, 1]]}
+    raw_exports = [zoo["results"][model, "hb", 1][0]["export_path"], zoo["results"][model, "sok", 2][0]["export_raw_path"]]
+    for path in raw_exports:  # Estimator writes predict alone for raw inputs; we name it serving_default too
+        signatures = served[path]
+        assert set(signatures) == {"predict", "serving_default"}, path
+        assert signatures["serving_default"] == signatures["predict"]
+        assert signatures["predict"]["outputs"] == predict_outputs
+    example = served[zoo["results"][model, "sok", 2][0]["export_path"]]
+    raw = served[raw_exports[1]]["predict"]["values"]
+    assert set(example) == ({"serving_default", "classification", "regression", "predict"} if binary
+                            else {"serving_default", "regression", "predict"})
+    assert example["predict"]["inputs"] == EXAMPLES and example["predict"]["outputs"] == predict_outputs
+    values = example["predict"]["values"]
+    for key, want in raw.items():  # the same checkpoint, the same rows: raw tensors or tf.Example
+        if predict_outputs[key][0] == "string":
+            assert values[key] == want, key
+        else:
+            np.testing.assert_allclose(values[key], want, rtol=1e-6, atol=1e-7, err_msg=key)
+    if not binary:
+        for key in ("serving_default", "regression"):
+            assert example[key]["inputs"] == CLASSIFY_REGRESS_INPUTS
+            assert example[key]["outputs"] == {"outputs": ["float32", [None, 1]]}
+            np.testing.assert_allclose(example[key]["values"]["outputs"], values["predictions"], rtol=1e-6)
+        return
+    logits, logistic = np.asarray(values["logits"]), np.asarray(values["logistic"])
+    probabilities = np.asarray(values["probabilities"])
+    np.testing.assert_allclose(logistic, 1 / (1 + np.exp(-logits)), rtol=1e-5)
+    np.testing.assert_allclose(probabilities[:, 1:], logistic, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(values["class_ids"], (logits > 0).astype(int))
+    assert values["classes"] == [[str(int(c))] for c in np.asarray(values["class_ids"])[:, 0]]
+    assert values["all_class_ids"] == [[0, 1]] * len(logits) and values["all_classes"] == [["0", "1"]] * len(logits)
+    for key in ("serving_default", "classification"):
+        assert example[key]["inputs"] == CLASSIFY_REGRESS_INPUTS
+        assert example[key]["outputs"] == {"classes": ["string", [None, 2]], "scores": ["float32", [None, 2]]}
+        np.testing.assert_allclose(example[key]["values"]["scores"], probabilities, rtol=1e-6)
+        assert example[key]["values"]["classes"] == values["all_classes"]
+    assert example["regression"]["inputs"] == CLASSIFY_REGRESS_INPUTS
+    assert example["regression"]["outputs"] == {"outputs": ["float32", [None, 1]]}
+    np.testing.assert_allclose(example["regression"]["values"]["outputs"], logistic, rtol=1e-6)
+
+
+def test_saved_model_cli_shows_the_estimator_signatures(zoo):
+    export = zoo["results"]["dlrm", "sok", 2][0]["export_path"]
+    show = subprocess.run([str(pathlib.Path(sys.executable).with_name("saved_model_cli")), "show", "--dir", export,
+                           "--all"], capture_output=True, text=True, timeout=300)
+    assert show.returncode == 0, show.stderr[-4000:]
+    text = show.stdout
+    for name in ("serving_default", "classification", "regression", "predict"):
+        assert f"signature_def['{name}']:" in text, text
+    for output, dtype, shape in (("probabilities", "DT_FLOAT", "(-1, 2)"), ("logistic", "DT_FLOAT", "(-1, 1)"),
+                                 ("classes", "DT_STRING", "(-1, 1)"), ("class_ids", "DT_INT64", "(-1, 1)")):
+        assert re.search(rf"outputs\['{output}'\] tensor_info:\s+dtype: {dtype}\s+shape: {re.escape(shape)}", text), output
+    assert re.search(r"inputs\['examples'\] tensor_info:\s+dtype: DT_STRING\s+shape: \(-1\)", text), text
 
 
 @pytest.mark.parametrize("module", ["modelzoo.dlrm.model", "modelzoo.deepfm.model", "modelzoo.movielens.model"])

@@ -66,7 +66,7 @@ def _served_auc(export_path: str, test_files: Sequence[str], rows: int) -> float
     serve = tf.saved_model.load(export_path).signatures["serving_default"]
     inputs = {name: tf.constant(table.column(name).to_numpy().astype(spec.dtype.as_numpy_dtype))
               for name, spec in serve.structured_input_signature[1].items()}
-    return exact_auc(table.column("label").to_numpy(), serve(**inputs)["probabilities"].numpy())
+    return exact_auc(table.column("label").to_numpy(), serve(**inputs)["logistic"].numpy()[:, 0])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
