@@ -80,7 +80,7 @@ def synthetic(data: Optional[str], rows: int, eval_rows: int, scale: float, seed
     Train and test rows come from different seeds and one teacher
     (``teacher_seed`` 0), so test AUC measures what a model learned.
     """
-    synth = import_datasets().synthetic
+    synth, schema = import_datasets().synthetic, import_datasets().schema
     if data is None:
         name = f"synthetic-rows{rows}-eval{eval_rows}-scale{scale:g}-seed{seed}-rg{row_group_size}"
 
@@ -88,18 +88,21 @@ def synthetic(data: Optional[str], rows: int, eval_rows: int, scale: float, seed
             synth.generate(os.path.join(tmp, "train"), rows, scale=scale, seed=seed, row_group_size=row_group_size)
             synth.generate(os.path.join(tmp, "test"), eval_rows, scale=scale, seed=seed + 100_003,
                            row_group_size=row_group_size)
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump({"scale": scale, "cardinalities": list(synth.cardinalities(scale))}, f)
+            schema.write_meta(tmp, synth.cardinalities(scale), format="synthetic", scale=scale,
+                              train_rows=rows, test_rows=eval_rows)
 
         data = build_once(os.path.join(cache_root(), name), build, rank)
-    meta_path = os.path.join(data, "meta.json")
-    if os.path.isfile(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
+    if os.path.isfile(os.path.join(data, schema.META_FILE)):
+        meta = schema.read_meta(data)
         scale = float(meta.get("scale", scale))
-        cards = meta.get("cardinalities") or list(synth.cardinalities(scale))
+        cards = meta["cardinalities"]
+        what = "synthetic Criteo-shaped data" if meta.get("format") == "synthetic" else "Criteo data"
     else:
         cards = list(synth.cardinalities(scale))
+        what = f"Criteo-shaped data with scale {scale:g} table sizes (no meta.json)"
+        logger.warning("--data %s has no meta.json: sizing the tables as --scale %g of Criteo Kaggle's; ids beyond "
+                       "them will be refused. Convert Criteo files with python -m datasets.criteo, which writes it",
+                       data, scale)
     for part in ("train", "test"):
         if not os.path.isdir(os.path.join(data, part)):
             raise FileNotFoundError(f"--data {data!r} has no {part}/ directory of Parquet files; write it with "
@@ -107,7 +110,7 @@ def synthetic(data: Optional[str], rows: int, eval_rows: int, scale: float, seed
                                     "--data out to generate synthetic data")
     return DataSet(collective.data.expand_filenames(os.path.join(data, "train")),
                    collective.data.expand_filenames(os.path.join(data, "test")), criteo_spec(cards),
-                   f"synthetic Criteo-shaped data in {data}", {"scale": scale})
+                   f"{what} in {data}", {"scale": scale})
 
 
 def teacher_auc(dataset: DataSet, max_rows: int = 1_000_000) -> float:

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datasets import schema
-from datasets.criteo import Vocabulary, convert, hex_values
+from datasets.criteo import Vocabulary, convert, convert_dataset, hex_values
 
 import pyarrow as pa
 
@@ -75,7 +75,8 @@ def test_converts_values_and_rejects_malformed_rows(tmp_path):
     assert table.column("C26").to_pylist() == [0, 0, 0, 1]
     assert summary.table_sizes[:4] == [3, 3, 2, 3]
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["rows_rejected"] == 6 and meta["table_sizes"]["C1"] == 3
+    assert meta["rows_rejected"] == 6 and meta["cardinalities"] == summary.table_sizes and meta["rows"] == 4
+    assert schema.read_meta(str(tmp_path / "out"))["cardinalities"][0] == 3
     vocab = Vocabulary.load(summary.vocabulary_path)
     keys, ids, counts = vocab.tables["C1"]
     assert dict(zip(keys.tolist(), ids.tolist())) == {0x68FD1E64: 1, 0x05DB9164: 2}
@@ -114,13 +115,57 @@ def test_missing_input_is_named(tmp_path):
         convert(str(tmp_path / "nothere.tsv"), str(tmp_path / "out"), progress=False)
 
 
-def test_command_line(tmp_path, repo_root):
-    src = write_tsv(tmp_path / "day_0", GOOD)
-    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", src, "--out", str(tmp_path / "out"),
-                           "--hash-buckets", "100", "--quiet"], cwd=repo_root, capture_output=True, text=True)
+def _ids(tsv_lines):
+    """Rows with C1 = the row number as hex, so a Parquet row says which input row it came from."""
+    return [line(i % 2, [i], [format(0x1000 + i, "x")]) for i in tsv_lines]
+
+
+def test_dataset_layout_with_the_last_fraction_as_test_split(tmp_path):
+    src = write_tsv(tmp_path / "train.txt", _ids(range(20)) + ["broken"])
+    summary = convert_dataset(src, str(tmp_path / "out"), test_fraction=0.25, rows_per_file=4, row_group_size=2,
+                              progress=False)
+    out = tmp_path / "out"
+    train, test = (pq.read_table(sorted(str(p) for p in (out / split).glob("*.parquet"))) for split in ("train", "test"))
+    # Ids are by frequency, ties by value: row i's C1 value is the (i + 1)-th smallest, id i + 1.
+    assert train.column("C1").to_pylist() == list(range(1, 16))
+    assert test.column("C1").to_pylist() == list(range(16, 21))
+    meta = schema.read_meta(str(out))
+    assert meta["cardinalities"] == summary.table_sizes and meta["cardinalities"][0] == 21
+    assert (meta["train_rows"], meta["test_rows"], meta["rows_rejected"]) == (15, 5, 1)
+    assert meta["vocabulary"] == "vocabulary.arrow" and (out / "vocabulary.arrow").is_file()
+    assert [pq.ParquetFile(out / f).metadata.num_rows for f in meta["files"]] == [4, 4, 4, 3, 4, 1]
+
+
+def test_terabyte_day_files_make_the_last_day_the_test_split(tmp_path, repo_root):
+    days = [write_tsv(tmp_path / f"day_{d}.gz", _ids(range(d * 5, d * 5 + 5)), gz=True) for d in (0, 1, 2)]
+    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", days[2], days[0], days[1], "--out",
+                           str(tmp_path / "out"), "--hash-buckets", "1000"], cwd=repo_root, capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "4 rows written to 1 file(s), 6 rejected" in proc.stdout
+    assert f"test split: {days[2]}" in proc.stdout and "converting" in proc.stderr  # the progress bar
+    meta = schema.read_meta(str(tmp_path / "out"))
+    assert (meta["train_rows"], meta["test_rows"], meta["cardinalities"][0]) == (10, 5, 1000)
+    test = pq.read_table(str(tmp_path / "out" / "test"))
+    np.testing.assert_allclose(test.column("I1").to_numpy(), np.log1p(np.arange(10, 15)), rtol=1e-6)
+
+
+def test_missing_or_wrong_meta_is_named(tmp_path):
+    with pytest.raises(schema.MetaError, match="meta.json does not exist.*python -m datasets.criteo"):
+        schema.read_meta(str(tmp_path))
+    (tmp_path / "meta.json").write_text(json.dumps({"table_sizes": {"C1": 3}}))
+    with pytest.raises(schema.MetaError, match="'cardinalities' must list the 26 table sizes"):
+        schema.read_meta(str(tmp_path))
+
+
+def test_command_line(tmp_path, repo_root):
+    src = write_tsv(tmp_path / "train.txt", GOOD)
+    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", src, "--out", str(tmp_path / "out"),
+                           "--hash-buckets", "100", "--quiet", "--test-fraction", "0.5"], cwd=repo_root,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 rows written to 2 file(s), 6 rejected" in proc.stdout
+    assert "test split: the last 0.5 of the rows; train with --data" in proc.stdout
     assert f"{src}:5: I1='x' is not an integer" in proc.stdout
     help_text = subprocess.run([sys.executable, "-m", "datasets.criteo", "--help"], cwd=repo_root,
                                capture_output=True, text=True).stdout
-    assert "--hash-buckets" in help_text and "--min-count" in help_text
+    assert "--hash-buckets" in help_text and "--min-count" in help_text and "--test-fraction" in help_text

@@ -80,14 +80,14 @@ def zoo(tmp_path_factory):
 def _global_order(files, n):
     """Row indices (in file order) of the rows N workers evaluate, in the order their predictions are gathered."""
     starts, offset = {}, 0
-    for path, rg in collective.data.shard_of(files, rank=0, world_size=1):
-        starts[path, rg] = offset
-        offset += pq.ParquetFile(path).metadata.row_group(rg).num_rows
+    for piece in collective.data.shard_of(files, rank=0, world_size=1):
+        starts[piece.path, piece.row_group] = offset
+        offset += piece.num_rows
     order = []
     for r in range(n):
-        for path, rg in collective.data.shard_of(files, rank=r, world_size=n):
-            rows = pq.ParquetFile(path).metadata.row_group(rg).num_rows
-            order.extend(range(starts[path, rg], starts[path, rg] + rows))
+        for piece in collective.data.shard_of(files, rank=r, world_size=n):
+            first = starts[piece.path, piece.row_group] + piece.first_row
+            order.extend(range(first, first + piece.num_rows))
     return np.array(order)
 
 

@@ -2,19 +2,19 @@
 
 Streams every input in blocks (constant memory apart from the vocabulary),
 writes ``part-00000.parquet``... of ``rows_per_file`` rows, ``meta.json``
-(table sizes, options, counts) and, with a frequency threshold,
-``vocabulary.arrow``. Malformed rows are counted, logged with their file
-and line, and skipped.
+(:func:`datasets.schema.write_meta`: table sizes, options, counts) and, with
+a frequency threshold, ``vocabulary.arrow``; :func:`convert_dataset` writes
+the ``train/`` + ``test/`` layout the model zoo reads. Malformed rows are
+counted, logged with their file and line, and skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ from datasets.criteo.parse import Rejected, TsvBlocks, hex_values, numeric, vali
 from datasets.criteo.vocab import FrequencyCounter, Vocabulary, hashed_ids, table_sizes
 
 logger = logging.getLogger("datasets.criteo")
+VOCABULARY_FILE = "vocabulary.arrow"
 
 
 @dataclasses.dataclass
@@ -122,11 +123,59 @@ def _reject(summary: ConversionSummary, rows: List[Rejected], max_reported: int)
             logger.warning("skipping %s line %d: %s", row.path, row.line, row.reason)
 
 
+def _vocabulary_and_rows(paths: Sequence[str], out_dir: str, summary: ConversionSummary, *, min_count: int,
+                         hash_buckets: Optional[int], vocabulary: Optional[str], count_rows: bool, block_size: int,
+                         progress: bool, max_reported: int) -> Tuple[Optional[Vocabulary], int]:
+    """The vocabulary ids come from (None when hashing) and, when asked or counted anyway, the valid rows."""
+    vocab = Vocabulary.load(vocabulary) if vocabulary is not None else None
+    if vocabulary is None and hash_buckets is None and min_count < 1:
+        raise ValueError(f"min_count={min_count} must be at least 1")
+    counter = FrequencyCounter() if vocabulary is None and hash_buckets is None else None
+    if counter is None and not count_rows:
+        return vocab, -1
+    rows = 0
+    total = sum(os.path.getsize(p) for p in paths)
+    with progress_bar.bar(total, "counting", unit="B", unit_scale=True, disable=not progress) as bar:
+        for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=False):
+            rows += batch.num_rows
+            if counter is not None:
+                for name in schema.CATEGORICAL:
+                    values, present = hex_values(batch.column(name))
+                    counter.update(name, values[present])
+    if counter is not None:
+        vocab = counter.vocabulary(min_count)
+        summary.vocabulary_path = os.path.join(out_dir, VOCABULARY_FILE)
+        vocab.save(summary.vocabulary_path)
+    return vocab, rows
+
+
+def _convert(paths: Sequence[str], writers: Sequence[Tuple["_RollingWriter", int]], summary: ConversionSummary,
+             vocab: Optional[Vocabulary], hash_buckets: Optional[int], log_transform: bool, block_size: int,
+             progress: bool, max_reported: int) -> None:
+    """Converts the valid rows of ``paths`` in order: the first ``limit`` to the first writer, and so on
+    (a limit < 0: every row that is left)."""
+    total = sum(os.path.getsize(p) for p in paths)
+    index, written = 0, 0
+    with progress_bar.bar(total, "converting", unit="B", unit_scale=True, disable=not progress) as bar:
+        for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=True):
+            table = _convert_block(batch, vocab, hash_buckets, log_transform)
+            while table.num_rows:
+                writer, limit = writers[index]
+                take = table.num_rows if limit < 0 else min(table.num_rows, limit - written)
+                writer.write(table.slice(0, take))
+                written += take
+                table = table.slice(take)
+                if table.num_rows:
+                    index, written = index + 1, 0
+            summary.rows_written += batch.num_rows
+
+
 def convert(inputs: Union[str, Sequence[str]], out_dir: str, *, min_count: int = 1,
             hash_buckets: Optional[int] = None, vocabulary: Optional[str] = None, log_transform: bool = True,
             rows_per_file: int = 1 << 22, row_group_size: int = 1 << 17, block_size: int = 1 << 24,
             progress: bool = True, max_reported: int = 100) -> ConversionSummary:
-    """Converts Criteo TSV ``inputs`` into Parquet files in ``out_dir``.
+    """Converts Criteo TSV ``inputs`` into Parquet files in ``out_dir`` (one split; see :func:`convert_dataset`
+    for the train/test layout the model zoo reads).
 
     Categorical ids (0 = missing or rare) come from, in order of precedence:
     an existing ``vocabulary`` file (e.g. the training days' for the test
@@ -139,41 +188,95 @@ def convert(inputs: Union[str, Sequence[str]], out_dir: str, *, min_count: int =
     started = time.perf_counter()
     paths = _check_inputs([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)
     os.makedirs(out_dir, exist_ok=True)
-    total = sum(os.path.getsize(p) for p in paths)
     summary = ConversionSummary()
-    vocab: Optional[Vocabulary] = None
-    if vocabulary is not None:
-        vocab = Vocabulary.load(vocabulary)
-    elif hash_buckets is None:
-        if min_count < 1:
-            raise ValueError(f"min_count={min_count} must be at least 1")
-        counter = FrequencyCounter()
-        with progress_bar.bar(total, "counting", unit="B", unit_scale=True, disable=not progress) as bar:
-            for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=False):
-                for name in schema.CATEGORICAL:
-                    values, present = hex_values(batch.column(name))
-                    counter.update(name, values[present])
-        vocab = counter.vocabulary(min_count)
-        summary.vocabulary_path = os.path.join(out_dir, "vocabulary.arrow")
-        vocab.save(summary.vocabulary_path)
+    vocab, _ = _vocabulary_and_rows(paths, out_dir, summary, min_count=min_count, hash_buckets=hash_buckets,
+                                    vocabulary=vocabulary, count_rows=False, block_size=block_size,
+                                    progress=progress, max_reported=max_reported)
     writer = _RollingWriter(out_dir, rows_per_file, row_group_size)
     try:
-        with progress_bar.bar(total, "converting", unit="B", unit_scale=True, disable=not progress) as bar:
-            for batch in _valid_blocks(paths, block_size, bar, summary, max_reported, report=True):
-                writer.write(_convert_block(batch, vocab, hash_buckets, log_transform))
-                summary.rows_written += batch.num_rows
+        _convert(paths, [(writer, -1)], summary, vocab, hash_buckets, log_transform, block_size, progress,
+                 max_reported)
     finally:
         writer.close()
+    _finish(summary, paths, writer.files, vocab, hash_buckets, total_bytes=sum(os.path.getsize(p) for p in paths),
+            started=started)
+    _write_meta(out_dir, summary, {"rows": summary.rows_written}, min_count=min_count, hash_buckets=hash_buckets,
+                vocabulary=vocabulary, log_transform=log_transform, inputs=paths)
+    return summary
+
+
+def convert_dataset(inputs: Union[str, Sequence[str]], out_dir: str, *, test_inputs: Sequence[str] = (),
+                    test_fraction: float = 0.0, min_count: int = 1, hash_buckets: Optional[int] = None,
+                    vocabulary: Optional[str] = None, log_transform: bool = True, rows_per_file: int = 1 << 22,
+                    row_group_size: int = 1 << 17, block_size: int = 1 << 24, progress: bool = True,
+                    max_reported: int = 100) -> ConversionSummary:
+    """Converts Criteo TSV files into the layout the model zoo reads (``--data out_dir``).
+
+    ``out_dir/train/`` and ``out_dir/test/`` hold Parquet files,
+    ``out_dir/meta.json`` the table sizes (:func:`datasets.schema.write_meta`)
+    and, with a frequency threshold, ``out_dir/vocabulary.arrow``. The test
+    split is ``test_inputs`` (Criteo 1TB: the last day, ``day_23``) or else
+    the last ``test_fraction`` of the valid rows of ``inputs`` in file order
+    (Kaggle's ``train.txt`` is in time order). The vocabulary counts every
+    input row, the test split's included, as DLRM's reference preprocessing
+    does. Ids are as in :func:`convert`.
+    """
+    started = time.perf_counter()
+    train_paths = _check_inputs([inputs] if isinstance(inputs, (str, os.PathLike)) else inputs)
+    test_paths = _check_inputs(test_inputs) if test_inputs else []
+    if test_paths and test_fraction:
+        raise ValueError("give the test split as test_inputs or as test_fraction, not both")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction={test_fraction} must be in [0, 1)")
+    paths = train_paths + test_paths
+    for split in ("train", "test"):
+        os.makedirs(os.path.join(out_dir, split), exist_ok=True)
+    summary = ConversionSummary()
+    vocab, rows = _vocabulary_and_rows(paths, out_dir, summary, min_count=min_count, hash_buckets=hash_buckets,
+                                       vocabulary=vocabulary, count_rows=bool(test_fraction), block_size=block_size,
+                                       progress=progress, max_reported=max_reported)
+    if test_fraction:
+        train_rows = rows - int(round(rows * test_fraction))
+    else:
+        train_rows = -1 if not test_paths else None
+    train = _RollingWriter(os.path.join(out_dir, "train"), rows_per_file, row_group_size)
+    test = _RollingWriter(os.path.join(out_dir, "test"), rows_per_file, row_group_size)
+    splits = {}
+    try:
+        if train_rows is None:  # test days given: every row of the training files, then every row of the test days
+            _convert(train_paths, [(train, -1)], summary, vocab, hash_buckets, log_transform, block_size, progress,
+                     max_reported)
+            splits["train"] = summary.rows_written
+            _convert(test_paths, [(test, -1)], summary, vocab, hash_buckets, log_transform, block_size, progress,
+                     max_reported)
+        else:
+            _convert(paths, [(train, train_rows), (test, -1)], summary, vocab, hash_buckets, log_transform,
+                     block_size, progress, max_reported)
+            splits["train"] = summary.rows_written if train_rows < 0 else min(train_rows, summary.rows_written)
+    finally:
+        train.close()
+        test.close()
+    splits["test"] = summary.rows_written - splits["train"]
+    if not splits["test"]:
+        logger.warning("the test split of %s is empty: give test_inputs (--test) or test_fraction (--test-fraction)",
+                       out_dir)
+    _finish(summary, paths, train.files + test.files, vocab, hash_buckets,
+            total_bytes=sum(os.path.getsize(p) for p in paths), started=started)
+    _write_meta(out_dir, summary, {"train_rows": splits["train"], "test_rows": splits["test"]}, min_count=min_count,
+                hash_buckets=hash_buckets, vocabulary=vocabulary, log_transform=log_transform,
+                inputs=train_paths, test_inputs=test_paths, test_fraction=test_fraction)
+    return summary
+
+
+def _finish(summary: ConversionSummary, paths: Sequence[str], files: List[str], vocab: Optional[Vocabulary],
+            hash_buckets: Optional[int], total_bytes: int, started: float) -> None:
     order = {path: i for i, path in enumerate(paths)}
     summary.rejected.sort(key=lambda r: (order[r.path], r.line))
-    summary.files = writer.files
-    summary.bytes_read = total
+    summary.files = files
+    summary.bytes_read = total_bytes
     summary.table_sizes = table_sizes(vocab, hash_buckets)
     summary.seconds = time.perf_counter() - started
-    _write_meta(out_dir, summary, min_count=min_count, hash_buckets=hash_buckets, vocabulary=vocabulary,
-                log_transform=log_transform, inputs=paths)
     logger.info("%s", summary)
-    return summary
 
 
 def _convert_block(batch: pa.RecordBatch, vocab: Optional[Vocabulary], hash_buckets: Optional[int],
@@ -189,9 +292,7 @@ def _convert_block(batch: pa.RecordBatch, vocab: Optional[Vocabulary], hash_buck
     return pa.Table.from_pydict(columns, schema=schema.arrow_schema())
 
 
-def _write_meta(out_dir: str, summary: ConversionSummary, **options) -> None:
-    meta = {"schema": list(schema.COLUMNS), "table_sizes": dict(zip(schema.CATEGORICAL, summary.table_sizes)),
-            "rows_written": summary.rows_written, "rows_rejected": summary.rows_rejected,
-            "files": [os.path.basename(f) for f in summary.files], "options": options}
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+def _write_meta(out_dir: str, summary: ConversionSummary, rows: Dict[str, int], **options) -> None:
+    schema.write_meta(out_dir, summary.table_sizes, format="criteo", **rows, rows_rejected=summary.rows_rejected,
+                      files=[os.path.relpath(f, out_dir) for f in summary.files],
+                      vocabulary=VOCABULARY_FILE if summary.vocabulary_path else None, options=options)

@@ -36,6 +36,9 @@ def model_fn(features, labels, mode, params):
     if params["bottom_mlp"][-1] != dim:
         raise ValueError(f"DLRM's last bottom layer ({params['bottom_mlp'][-1]}) must equal --embedding_dim "
                          f"({dim}): its output is dotted with the embeddings")
+    if params["top_mlp"][-1] != 1:
+        raise ValueError(f"DLRM's last top layer ({params['top_mlp'][-1]}) must be 1: it is the logit "
+                         f"(e.g. --top_mlp {','.join(map(str, params['top_mlp']))},1)")
     x = mlp(numeric_tensor(features, spec), params["bottom_mlp"], "bottom_mlp", seed)
     embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=not params.get("plain"))
     interactions = dot_interaction(tf.concat([x[:, None, :], embeddings], axis=1))

@@ -1,0 +1,91 @@
+"""The chain a user with Criteo files runs: convert a Kaggle-format TSV with our converter, train DLRM on 2
+workers from it (``--data``, table sizes from the converter's meta.json), export, and serve the SavedModel
+with plain TensorFlow in a process that imports neither collective nor Horovod (their ops would not load)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from datasets import schema
+from launcher import run_workers
+
+ROWS, DIM = 3000, 4
+pytestmark = pytest.mark.timeout(900)
+
+_SERVE = """
+import json, sys
+import numpy as np, pyarrow.parquet as pq, tensorflow as tf
+export, test_dir = sys.argv[1], sys.argv[2]
+table = pq.read_table(test_dir)
+serve = tf.saved_model.load(export).signatures["serving_default"]
+inputs = {name: tf.constant(table.column(name).to_numpy().astype(spec.dtype.as_numpy_dtype))
+          for name, spec in serve.structured_input_signature[1].items()}
+logits = serve(**inputs)["logits"].numpy().reshape(-1)
+print(json.dumps({"logits": logits.tolist(), "label": table.column("label").to_numpy().tolist()}))
+"""
+
+
+def write_kaggle_tsv(path, rows, seed=0):
+    """Criteo Kaggle's format (label, 13 counts, 26 hex values; blanks for missing); the label follows C1 and I1."""
+    rng = np.random.default_rng(seed)
+    values = [rng.integers(0, 2 ** 32, 40 + 30 * c) for c in range(26)]   # each column's distinct values
+    weight = rng.normal(0, 2, len(values[0]))
+    lines = []
+    for _ in range(rows):
+        picks = [int(rng.zipf(1.3) - 1) % len(v) for v in values]
+        ints = rng.poisson(3, 13)
+        logit = weight[picks[0]] + 0.4 * (ints[0] - 3)
+        label = int(rng.random() < 1 / (1 + np.exp(-logit)))
+        cats = [format(int(v[p]), "08x") if rng.random() > 0.05 else "" for v, p in zip(values, picks)]
+        counts = [str(int(i)) if rng.random() > 0.1 else "" for i in ints]
+        lines.append("\t".join([str(label)] + counts + cats))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, repo_root):
+    root = tmp_path_factory.mktemp("criteo-e2e")
+    src = write_kaggle_tsv(root / "train.txt", ROWS)
+    data = root / "data"
+    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", src, "--out", str(data), "--min-count", "2",
+                           "--test-fraction", "0.2", "--row-group-size", "128", "--quiet"], cwd=repo_root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    model_dir = root / "model"
+    run_workers(str(repo_root / "modelzoo" / "dlrm" / "train.py"), 2,
+                ["--data", data, "--model_dir", model_dir, "--steps", 15, "--batch_size", 128, "--embedding_dim", DIM,
+                 "--bottom_mlp", "8,4", "--top_mlp", "8,1", "--learning_rate", "0.1", "--log_every", 0], timeout=600)
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    return data, model_dir, metrics
+
+
+def test_the_model_has_the_converters_table_sizes(trained):
+    import tensorflow as tf
+
+    data, model_dir, _ = trained
+    cardinalities = schema.read_meta(str(data))["cardinalities"]
+    assert max(cardinalities) > 30, "the tables must be larger than a small default would make them"
+    shapes = tf.train.load_checkpoint(str(model_dir)).get_variable_to_shape_map()
+    assert [shapes[f"embedding/{c}"] for c in schema.CATEGORICAL] == [[size, DIM] for size in cardinalities]
+
+
+def test_plain_tensorflow_serves_what_the_workers_evaluated(trained, repo_root):
+    from modelzoo.heads import exact_auc
+
+    data, _, metrics = trained
+    proc = subprocess.run([sys.executable, "-c", _SERVE, metrics["export_path"], str(data / "test")],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    served = json.loads(proc.stdout.strip().splitlines()[-1])
+    logits, label = np.array(served["logits"]), np.array(served["label"])
+    assert len(label) == schema.read_meta(str(data))["test_rows"] == pq.read_table(str(data / "test")).num_rows
+    log_loss = np.mean(np.maximum(logits, 0) - logits * label + np.log1p(np.exp(-np.abs(logits))))
+    assert metrics["eval_rows"] == len(label)
+    np.testing.assert_allclose(log_loss, metrics["loss"], rtol=1e-4)
+    np.testing.assert_allclose(exact_auc(label, logits), metrics["auc"], rtol=1e-4)
+    assert metrics["auc"] > 0.6, "DLRM learned the label's dependence on C1 and I1"
