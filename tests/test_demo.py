@@ -83,9 +83,9 @@ def test_metrics_json_has_the_loss_of_every_step_that_the_progress_lines_print(d
             assert loss == pytest.approx(curve["losses"][step - 1], rel=1e-5), (run, step)
 
 
-def test_hb_and_sok_train_the_same_loss_curve_as_plain_tensorflow_trains_on_its_rows(demo):
-    """hb and sok read the same batches: the mean loss of every step agrees. Plain TensorFlow reads the rows in
-    another order: the same number of steps, a loss that falls alike."""
+def test_hb_sok_and_plain_tensorflow_train_the_same_loss_curve(demo):
+    """Row groups of batch / N rows, read round-robin: step s of the 2 workers reads the rows one process reads
+    at step s, so the mean loss of every step agrees with plain TensorFlow's."""
     root, _ = demo
     curves = {}
     for run in RUNS:
@@ -93,4 +93,4 @@ def test_hb_and_sok_train_the_same_loss_curve_as_plain_tensorflow_trains_on_its_
             curves[run] = np.array(json.load(f)["loss_curve"]["losses"])
     assert np.std(curves["hb"]) > 1e-4, "the loss moved"
     np.testing.assert_allclose(curves["sok"], curves["hb"], rtol=1e-4)
-    assert len(curves["plain"]) == STEPS and abs(curves["plain"].mean() - curves["hb"].mean()) < 0.1
+    np.testing.assert_allclose(curves["plain"], curves["hb"], rtol=1e-4)
