@@ -108,7 +108,8 @@ def add_synthetic(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("synthetic data (without --data)")
     g.add_argument("--rows", type=int, default=262_144, help="training rows to generate")
     g.add_argument("--eval_rows", type=int, default=65_536, help="test rows to generate")
-    g.add_argument("--scale", type=float, default=0.01, help="table sizes as a fraction of Criteo Kaggle's")
+    g.add_argument("--scale", type=float, default=0.01,
+                   help="table sizes as a fraction of Criteo Kaggle's (also for --data without a meta.json)")
     g.add_argument("--row_group_size", type=int, default=8192,
                    help="rows per Parquet row group (workers share row groups)")
 
