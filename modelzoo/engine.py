@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective import CollectiveStrategy, comm, progress
+from collective import CollectiveStrategy, comm, context, progress
 from collective.byte_model import sent_bytes
 from collective.checkpoint import Saver
 from collective.export import export_estimator
@@ -185,7 +185,9 @@ class SessionEngine:
                          predictions if keep_predictions else None, losses)
 
     def _session_config(self) -> tf.compat.v1.ConfigProto:
-        return tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        """Pinned to this worker's GPU by its local rank, whatever started the workers."""
+        base = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        return self.strategy.session_config(base) if self.strategy else context.session_config(base)
 
     def _save(self, saver, sess, step: int) -> Optional[str]:
         """Every worker saves the checkpoint of ``step`` to ``model_dir`` (whole logical tables)."""

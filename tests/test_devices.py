@@ -132,6 +132,11 @@ def test_the_library_sessions_and_device_setter_use_the_pinned_gpu(horovodrun_ra
     config = tf.estimator.RunConfig(session_config=given)
     pinned = build_estimator(strategy, model_fn, str(tmp_path), config=config).config.session_config
     assert pinned.gpu_options.visible_device_list == "2" and pinned.inter_op_parallelism_threads == 2
+    from modelzoo.engine import SessionEngine
+
+    for engine_strategy in (strategy, None):  # the model zoo's session engine, and its plain baseline
+        engine = SessionEngine(engine_strategy, model_fn, str(tmp_path), {})
+        assert engine._session_config().gpu_options.visible_device_list == "2"  # pylint: disable=protected-access
 
 
 def test_horovods_local_rank_replaces_an_assumed_one():
