@@ -5,8 +5,9 @@ categorical ids with their vocabulary sizes, optional multi-hot lists, and
 the label columns. Models build their embedding tables from it with
 :func:`embedding_layer` (``tf.compat.v1.get_variable`` under
 ``embedding_scope()``, coalesced lookups), and the serving
-signature with :func:`serving_input_receiver_fn` (raw feature tensors or
-serialized ``tf.Example``).
+signature with :func:`serving_input_receiver_fn` (raw feature tensors,
+serialized ``tf.Example``, or Criteo's values as in its TSV:
+:mod:`modelzoo.criteo_serving`).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def serving_features(spec: FeatureSpec) -> Dict[str, tf.Tensor]:
     return out
 
 
-SERVING_INPUTS = ("raw", "example")
+SERVING_INPUTS = ("raw", "example", "criteo_raw")
 
 
 def example_feature_spec(spec: FeatureSpec) -> Dict[str, object]:
@@ -156,16 +157,22 @@ def example_feature_spec(spec: FeatureSpec) -> Dict[str, object]:
     return out
 
 
-def serving_input_receiver_fn(spec: FeatureSpec, serving_input: str = "raw"):
+def serving_input_receiver_fn(spec: FeatureSpec, serving_input: str = "raw", data_dir: Optional[str] = None):
     """The ``serving_input_receiver_fn`` of ``Estimator.export_saved_model`` for ``spec``.
 
     ``raw``: one input tensor per feature (:func:`serving_features`).
     ``example``: one string tensor ``examples`` of serialized ``tf.Example``s
     (:func:`example_feature_spec`), as ``tf.estimator.export.build_parsing_serving_input_receiver_fn``
     makes it and TF Serving clients send; multi-hot id lists become the model's indicators.
+    ``criteo_raw`` (Criteo models only): Criteo's TSV fields as strings, mapped to the features in the
+    graph as the conversion of ``data_dir`` did (:class:`modelzoo.criteo_serving.RawCriteoReceiver`).
     """
     if serving_input not in SERVING_INPUTS:
         raise ValueError(f"serving input {serving_input!r} is not one of {', '.join(SERVING_INPUTS)}")
+    if serving_input == "criteo_raw":
+        from modelzoo.criteo_serving import RawCriteoReceiver  # pylint: disable=import-outside-toplevel  (cycle)
+
+        return RawCriteoReceiver(spec, data_dir)
 
     def raw():
         features = serving_features(spec)

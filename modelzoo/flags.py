@@ -60,9 +60,11 @@ def parser(prog: str, description: str, defaults: Mapping[str, object]) -> argpa
                    help="base directory of the exported SavedModel (default: MODEL_DIR/export); "
                         "'none' skips the export")
     p.add_argument("--serving_input", choices=SERVING_INPUTS, default="raw",
-                   help="the SavedModel's input: raw (one tensor per feature) or example (one string tensor "
+                   help="the SavedModel's input: raw (one tensor per feature), example (one string tensor "
                         "'examples' of serialized tf.Example, as TF Serving clients send, which also gets "
-                        "Estimator's classification/regression signatures; see docs/modelzoo.md)")
+                        "Estimator's classification/regression signatures) or criteo_raw (DLRM, DeepFM on --data "
+                        "from python -m datasets.criteo: Criteo's TSV fields as strings, the vocabulary and "
+                        "numeric transform inside the SavedModel); see docs/modelzoo.md")
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True,
                    help="evaluate on the test rows after training")
     p.add_argument("--eval_batches", type=int, default=0,

@@ -101,7 +101,7 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
     result: RunResult = engine.run(train_fn, args.steps, args.batch_size, eval_input_fn=eval_fn,
                                    eval_steps=eval_steps, eval_rows=eval_rows, export_dir_base=export_base,
                                    serving_input_receiver_fn=serving_input_receiver_fn(dataset.spec,
-                                                                                       args.serving_input),
+                                                                                       args.serving_input, args.data),
                                    log_every=args.log_every, keep_predictions=keep_predictions)
     metrics: Dict[str, object] = {
         "model": recipe.name, "backend": "plain" if args.plain else args.backend, "workers": n,

@@ -14,6 +14,8 @@ from datasets import schema
 from launcher import run_workers
 
 ROWS, DIM = 3000, 4
+MODEL_FLAGS = ["--batch_size", 128, "--embedding_dim", DIM, "--bottom_mlp", "8,4", "--top_mlp", "8,1",
+               "--learning_rate", "0.1"]
 pytestmark = pytest.mark.timeout(900)
 
 _SERVE = """
@@ -58,8 +60,8 @@ def trained(tmp_path_factory, repo_root):
     assert proc.returncode == 0, proc.stderr
     model_dir = root / "model"
     run_workers(str(repo_root / "modelzoo" / "dlrm" / "train.py"), 2,
-                ["--data", data, "--model_dir", model_dir, "--steps", 15, "--batch_size", 128, "--embedding_dim", DIM,
-                 "--bottom_mlp", "8,4", "--top_mlp", "8,1", "--learning_rate", "0.1", "--log_every", 0], timeout=600)
+                ["--data", data, "--model_dir", model_dir] + MODEL_FLAGS + ["--steps", 15, "--log_every", 0],
+                timeout=600)
     metrics = json.loads((model_dir / "metrics.json").read_text())
     return data, model_dir, metrics
 
@@ -89,3 +91,80 @@ def test_plain_tensorflow_serves_what_the_workers_evaluated(trained, repo_root):
     np.testing.assert_allclose(log_loss, metrics["loss"], rtol=1e-4)
     np.testing.assert_allclose(exact_auc(label, logits), metrics["auc"], rtol=1e-4)
     assert metrics["auc"] > 0.6, "DLRM learned the label's dependence on C1 and I1"
+
+
+_SERVE_RAW = """
+import json, sys
+import numpy as np, pyarrow.parquet as pq, tensorflow as tf
+ids_export, raw_export, converted, tsv = sys.argv[1:5]
+names = ["I%d" % i for i in range(1, 14)] + ["C%d" % i for i in range(1, 27)]
+table = pq.read_table(converted)
+by_id = tf.saved_model.load(ids_export).signatures["serving_default"]
+ids = by_id(**{name: tf.constant(table.column(name).to_numpy().astype(spec.dtype.as_numpy_dtype))
+               for name, spec in by_id.structured_input_signature[1].items()})["logits"]
+raw = tf.saved_model.load(raw_export).signatures["serving_default"]
+signature = raw.structured_input_signature[1]
+assert sorted(signature) == sorted(names) and {s.dtype for s in signature.values()} == {tf.string}, signature
+fields = [line.split("\\t")[1:] for line in open(tsv).read().splitlines()]
+served = raw(**{name: tf.constant([f[i] for f in fields]) for i, name in enumerate(names)})["logits"]
+print(json.dumps({"ids": ids.numpy().reshape(-1).tolist(), "raw": served.numpy().reshape(-1).tolist()}))
+"""
+
+
+def _edge_lines(known: str, vocabulary) -> list:
+    """Lines the generator never writes: everything missing, negative and large counts, upper-case hex of
+    known values, values no training row had (``ffffffff``-sized and 16 digits)."""
+    fields = known.split("\t")
+    unseen = ["fffffffe", "ffffffffffffffff", "0", "123456789abcdef0", "deadbeef"]
+    for i, name in enumerate(schema.CATEGORICAL):
+        value = int(unseen[i % len(unseen)], 16)
+        assert value not in vocabulary.tables[name][0], f"{unseen[i % len(unseen)]} was seen in {name}"
+    return ["\t".join(["0"] + [""] * 39),
+            "\t".join(["1", "-3", "123456789012", "0", "-999999999999999999"] + fields[5:14]
+                      + [v.upper() for v in fields[14:]]),
+            "\t".join(["0"] + fields[1:14] + [unseen[i % len(unseen)] for i in range(26)])]
+
+
+def test_raw_criteo_values_serve_what_the_converted_ids_do(trained, tmp_path):
+    """``--serving_input criteo_raw``, exported from the trained checkpoint by the library's export: the test
+    split's TSV lines (and edge cases, converted by the converter with the same vocabulary) give the logits
+    that the converted-id SavedModel gives on the converted rows."""
+    import pyarrow as pa
+
+    from collective.export import export_estimator
+    from datasets.criteo.convert import convert
+    from datasets.criteo.vocab import Vocabulary
+    from modelzoo import runner
+    from modelzoo.dlrm.model import RECIPE
+    from modelzoo.features import serving_input_receiver_fn
+
+    data, model_dir, metrics = trained
+    meta = schema.read_meta(str(data))
+    lines = (data.parent / "train.txt").read_text().splitlines()[meta["train_rows"]:]
+    assert len(lines) == meta["test_rows"]
+    vocabulary = Vocabulary.load(str(data / meta["vocabulary"]))
+    edges = _edge_lines(lines[0], vocabulary)
+    (tmp_path / "edges.txt").write_text("\n".join(edges) + "\n")
+    convert(str(tmp_path / "edges.txt"), str(tmp_path / "edges"), vocabulary=str(data / meta["vocabulary"]),
+            progress=False)
+    edge_rows = pq.read_table(str(tmp_path / "edges" / "part-00000.parquet"))
+    converted = pa.concat_tables([pq.read_table(str(data / "test")), edge_rows])
+    assert converted.num_rows == len(lines) + len(edges)
+    assert all(converted.column(name)[-1].as_py() == 0 for name in schema.CATEGORICAL), "unseen values are id 0"
+    pq.write_table(converted, str(tmp_path / "converted.parquet"))
+    (tmp_path / "raw.tsv").write_text("\n".join(lines + edges) + "\n")
+
+    args = runner.parse(RECIPE, [str(a) for a in ["--data", data, "--model_dir", model_dir, "--serving_input",
+                                                  "criteo_raw"] + MODEL_FLAGS])
+    dataset = RECIPE.load_data(args, 0)
+    receiver = serving_input_receiver_fn(dataset.spec, args.serving_input, args.data)
+    export = export_estimator(RECIPE.model_fn, RECIPE.params(args, dataset), None, str(tmp_path / "export"),
+                              receiver, str(model_dir)).decode()
+    receiver.close()  # the SavedModel must hold its own copy of the vocabulary
+    proc = subprocess.run([sys.executable, "-c", _SERVE_RAW, metrics["export_path"], export,
+                           str(tmp_path / "converted.parquet"), str(tmp_path / "raw.tsv")],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    served = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(served["raw"], served["ids"], rtol=1e-5, atol=1e-5)
+    assert np.ptp(served["raw"]) > 1e-2, "the rows get different predictions"

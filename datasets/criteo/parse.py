@@ -18,13 +18,14 @@ import pyarrow.csv as pacsv
 
 from datasets import schema
 
-_INTEGER = r"^-?[0-9]{1,18}$"
-_HEX = r"^[0-9a-fA-F]{1,16}$"
-_NIBBLE = np.full(256, 0, dtype=np.uint64)
+# What a valid field looks like (the serving graph of modelzoo.criteo_serving checks requests with these too).
+INTEGER_PATTERN = r"^-?[0-9]{1,18}$"
+HEX_PATTERN = r"^[0-9a-fA-F]{1,16}$"
+NIBBLE = np.full(256, 0, dtype=np.uint64)  # hex digit character -> its value
 for _c in range(10):
-    _NIBBLE[ord("0") + _c] = _c
+    NIBBLE[ord("0") + _c] = _c
 for _c in range(6):
-    _NIBBLE[ord("a") + _c] = _NIBBLE[ord("A") + _c] = 10 + _c
+    NIBBLE[ord("a") + _c] = NIBBLE[ord("A") + _c] = 10 + _c
 
 
 @dataclasses.dataclass
@@ -99,10 +100,10 @@ def validate(batch: pa.RecordBatch) -> Tuple[np.ndarray, List[str]]:
     check(schema.LABEL, pc.is_in(label, value_set=pa.array(["0", "1"])), "not 0 or 1")
     for name in schema.DENSE:
         col = batch.column(name)
-        check(name, pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, _INTEGER)), "not an integer")
+        check(name, pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, INTEGER_PATTERN)), "not an integer")
     for name in schema.CATEGORICAL:
         col = batch.column(name)
-        check(name, pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, _HEX)), "not hexadecimal")
+        check(name, pc.or_(pc.equal(col, ""), pc.match_substring_regex(col, HEX_PATTERN)), "not hexadecimal")
     bad = np.flatnonzero(~ok)
     values = [batch.column(r.split("=")[0])[int(i)].as_py() for i, r in zip(bad, reason[bad])]
     return ok, [f"{r.split('=')[0]}={v!r} is {r.split('=')[1]}" for r, v in zip(reason[bad], values)]
@@ -128,7 +129,7 @@ def hex_values(column: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
     values = np.zeros(n, dtype=np.uint64)
     chars = data[offsets[0]:offsets[-1]]
     if len(chars):
-        nibbles = _NIBBLE[chars]
+        nibbles = NIBBLE[chars]
         row_of = np.repeat(np.arange(n), lengths)
         position_from_end = (offsets[1:][row_of] - offsets[0]) - 1 - np.arange(len(chars))
         shifted = nibbles << (np.uint64(4) * position_from_end.astype(np.uint64))
