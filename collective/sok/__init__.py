@@ -20,6 +20,11 @@ from collective.sok.init import Init, UnsupportedStrategyError
 from collective.sok.optimizers import LazyAdamOptimizer
 from collective.sok.saver import Saver
 from collective.sok.utils import OptimizerScope, split_embedding_variable_from_others
+from collective.sok.v2_dump import dump, load  # SOK v2
+from collective.sok.v2_lookup import lookup_sparse
+from collective.sok.v2_optimizer import OptimizerWrapper
+from collective.sok.v2_variables import DynamicVariable, Variable, filter_variables, init
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Init", "LazyAdamOptimizer", "OptimizerScope",
-           "Saver", "UnsupportedStrategyError", "optimizers", "split_embedding_variable_from_others"]
+           "Saver", "UnsupportedStrategyError", "optimizers", "split_embedding_variable_from_others",
+           "DynamicVariable", "OptimizerWrapper", "Variable", "dump", "filter_variables", "init", "load", "lookup_sparse"]

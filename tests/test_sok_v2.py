@@ -1,0 +1,89 @@
+"""SOK v2 (sok.Variable, DynamicVariable, lookup_sparse, OptimizerWrapper, dump/load) on 1, 2 and 3 workers.
+
+One job per world size runs every case (tests/workers/sok_v2_worker.py): the
+SOK program over Adam and SGD against a pure-TF twin on the global batch
+(float64, 1e-4 asked, ~1e-12 seen), the dump of the Adam run loaded on another
+world size (2 -> 3, 3 -> 1) with identical vectors and slots, and bad input.
+"""
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from launcher import launch_once, load_rank_results, run_workers
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "workers"))
+from workers import sok_v2_cases as cases  # noqa: E402
+
+# Order matters: each job loads the previous one's dump.
+JOBS = [(2, None), (3, 2), (1, 3)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("sok_v2")
+
+
+@launch_once
+def _job(base, n):
+    previous = dict(JOBS)[n]
+    if previous is not None:
+        _job(base, previous)
+    out = base / f"n{n}"
+    out.mkdir(exist_ok=True)
+    run_workers("sok_v2_worker.py", n, [out, base / f"n{previous}" if previous else "-"], timeout=300)
+    return load_rank_results(out, n)
+
+
+def _logical(ranks, prefix, name, what="values"):
+    """``{key: row}`` over every worker's rows of table ``name``."""
+    table = {}
+    for res in ranks:
+        for key, row in zip(res[f"{prefix}/{name}/keys"], res[f"{prefix}/{name}/{what}"]):
+            assert int(key) not in table, f"{prefix}/{name}: key {key} on two workers"
+            table[int(key)] = row
+    return table
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "tf1_adam", "tf1_sgd"])
+def test_matches_pure_tf_twin(base, n, kind):
+    """TF2 (tf.function, Keras optimizers) and TF1 graphs (tf.compat.v1.train optimizers)."""
+    ranks = _job(base, n)
+    twin = ranks[0]
+    for name, (rows, _) in cases.TABLES.items():
+        got = _logical(ranks, kind, name)
+        assert sorted(got) == list(range(rows))
+        np.testing.assert_allclose(np.stack([got[i] for i in range(rows)]), twin[f"twin_{kind}/{name}"], atol=1e-4,
+                                   err_msg=f"{kind} {name} on {n}")
+    got = _logical(ranks, kind, "c")
+    assert sorted(got) == sorted(int(k) for k in cases.KEYS_C if k in got)
+    for i, key in enumerate(cases.KEYS_C):
+        if int(key) in got:
+            np.testing.assert_allclose(got[int(key)], twin[f"twin_{kind}/c"][i], atol=1e-4, err_msg=f"c key {key}")
+        else:  # never looked up: still its initial vector in the twin
+            np.testing.assert_allclose(twin[f"twin_{kind}/c"][i], cases.INIT_C)
+    for r in ranks:
+        for w in ("kernel", "bias"):
+            np.testing.assert_allclose(r[f"{kind}/{w}"], twin[f"twin_{kind}/{w}"], atol=1e-4)
+
+
+@pytest.mark.parametrize("n, previous", [(3, 2), (1, 3)])
+def test_dump_on_n_loads_on_m(base, n, previous):
+    loaded, dumped = _job(base, n), _job(base, previous)
+    for name in ("a", "b", "c"):
+        for what in ("values", "slot_momentums", "slot_velocities"):
+            want, got = _logical(dumped, "adam", name, what), _logical(loaded, "loaded", name, what)
+            assert sorted(got) == sorted(want), f"{name} {what}"
+            assert any(np.any(v) for v in want.values())
+            for key, row in want.items():
+                np.testing.assert_array_equal(got[key], row, err_msg=f"{name} {what} key {key}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_bad_input_is_refused_naming_the_variable(base, n):
+    for res in _job(base, n):
+        assert "'max'" in str(res["error/combiner"]) and "adam_b" in str(res["error/combiner"])
+        assert "adam_a" in str(res["error/range"]) and "[0, 40)" in str(res["error/range"])
+        assert "localized:0" in str(res["error/localized"]) and "not supported" in str(res["error/localized"])
