@@ -174,6 +174,10 @@ def tf1_phase():
             labels = v1.placeholder(tf.float64, [None, 1])
             ids = [v1.sparse_placeholder(tf.int64, [None, None]) for _ in range(3)]
             vectors = sok.lookup_sparse(tables, ids, combiners=list(cases.COMBINERS))
+            # The collectives of the forward lookup: one exchange serves the two sok.Variable tables.
+            results[f"tf1_{kind}/lookup_collectives"] = np.array(sorted(
+                op.type for op in tf.compat.v1.get_default_graph().get_operations()
+                if op.type.startswith("Horovod") and op.name.startswith("sok_lookup_sparse")))
             pred = tf.matmul(tf.concat(vectors, axis=1), kernel) + bias
             loss = tf.reduce_sum(tf.square(pred - labels)) / cases.GLOBAL_BATCH
             sok_vars, other = sok.filter_variables(v1.trainable_variables())
