@@ -7,7 +7,7 @@ STEPS = 3
 TABLES = {"a": (40, 4), "b": (30, 3)}
 DIM_C = 4
 INIT_C = 0.1
-KEYS_C = np.array([10 ** 9 + 7919 * k for k in range(-12, 13)], np.int64)  # negative keys too
+KEYS_C = np.array([10 ** 9 * (k % 3 - 1) + 7919 * k for k in range(-12, 13)], np.int64)  # negative keys too
 COMBINERS = ("sum", "mean", "mean")
 
 
