@@ -107,3 +107,54 @@ def test_ml_latest_small(movielens_small, tmp_path, repo_root):
     assert users.min() == 0 and users.max() == 609 and len(np.unique(users)) == 610
     assert items.min() >= 0 and items.max() < 9742
     assert set(np.unique(test.column("user_id").to_numpy())) == set(range(610))  # every user has a test rating
+
+
+def write_shipped_split(d, name, test_rows):
+    """``NAME.base`` / ``NAME.test`` as in ml-100k: the u.data rows at ``test_rows`` go to test."""
+    lines = [f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in RATINGS]
+    (d / f"{name}.base").write_text("".join(l for j, l in enumerate(lines) if j not in test_rows))
+    (d / f"{name}.test").write_text("".join(lines[j] for j in test_rows))
+
+
+@pytest.mark.parametrize("name,test_rows", [("u1", {0, 4}), ("u5", {2}), ("ua", {1, 2}), ("ub", {3})])
+def test_shipped_100k_splits_are_read_from_base_and_test(tmp_path, name, test_rows):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_100k(src)
+    write_shipped_split(src, name, test_rows)
+    summary = convert(str(src), str(tmp_path / "out"), split=name, progress=False)
+    assert (summary.ratings, summary.train_rows, summary.test_rows) == (5, 5 - len(test_rows), len(test_rows))
+    test = pq.read_table(tmp_path / "out" / "test.parquet").column("timestamp").to_pylist()
+    train = pq.read_table(tmp_path / "out" / "train.parquet").column("timestamp").to_pylist()
+    assert sorted(test) == sorted(RATINGS[j][3] for j in test_rows)
+    assert sorted(train) == sorted(RATINGS[j][3] for j in range(5) if j not in test_rows)
+    assert pq.read_table(tmp_path / "out" / "test.parquet").column("gender").to_pylist()  # side features kept
+
+
+def test_shipped_split_errors_name_file_and_line(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_100k(src)
+    with pytest.raises(MovieLensError, match=r"u2.base' does not exist"):
+        convert(str(src), str(tmp_path / "out"), split="u2", progress=False)
+    write_shipped_split(src, "u2", {1})
+    (src / "u2.test").write_text("7\t10\t3\t100\n9\t10\tfour\t200\n")
+    with pytest.raises(MovieLensError, match=r"u2.test' line 2: expected 4 integer fields"):
+        convert(str(src), str(tmp_path / "out"), split="u2", progress=False)
+    (src / "u.data").write_text("7\t30\t5\t300\n7\t10\t3\n")
+    with pytest.raises(MovieLensError, match=r"u.data' line 2: expected 4 integer fields"):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    (src / "u.data").write_text("7\t30\t5\t300\n7\t10\t3\t1\t9\n")
+    with pytest.raises(MovieLensError, match=r"u.data' line 2"):
+        convert(str(src), str(tmp_path / "out"), progress=False)
+    one_m = tmp_path / "one_m"
+    one_m.mkdir()
+    write_1m(one_m)
+    with pytest.raises(MovieLensError, match="shipped with ml-100k only"):
+        convert(str(one_m), str(tmp_path / "out"), split="ua", progress=False)
+    (one_m / "ratings.dat").write_text("7::30::5::300\n7::10::3::100\n9::10::4\n")
+    with pytest.raises(MovieLensError, match=r"ratings.dat' line 3: expected 4"):
+        convert(str(one_m), str(tmp_path / "out"), progress=False)
+    (one_m / "ratings.dat").write_text("7::30::5::300\n7::10::3::100::1\n")
+    with pytest.raises(MovieLensError, match=r"ratings.dat' line 2: expected 4"):
+        convert(str(one_m), str(tmp_path / "out"), progress=False)

@@ -5,6 +5,13 @@ Writes ``train.parquet`` and ``test.parquet`` (``user_id``, ``item_id``,
 of genre ids and ``gender``/``age``/``occupation`` ids where the release has
 them), ``items.parquet`` / ``users.parquet`` (new id -> original id, title)
 and ``meta.json``.
+
+Splits: ``random`` (the default: a seeded ``test_fraction`` of the ratings,
+80/20 with seed 0; this is the split used for 1M, which ships none, and for
+"the 80/20 split of 100K"), ``time`` (each user's latest ratings), or for
+ml-100k one of the shipped splits u1..u5 (the five 80/20 cross-validation
+folds) and ua/ub (10 ratings per user in test), read from the release's
+``NAME.base`` / ``NAME.test`` files.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collective import progress as progress_bar
-from datasets.movielens.readers import MovieLensError, Release, read
+from datasets.movielens.readers import SPLITS_100K, MovieLensError, Release, read, read_100k_split
 
 logger = logging.getLogger("datasets.movielens")
 
-SPLITS = ("random", "time")
+SPLITS = ("random", "time") + SPLITS_100K
 
 
 @dataclasses.dataclass
@@ -129,11 +136,20 @@ def convert(src: str, out_dir: str, *, fmt: Optional[str] = None, split: str = "
         release = read(src, fmt, data_dir)
         done("numbering ids, splitting")
         ratings = release.ratings
+        shipped_test = None
+        if split in SPLITS_100K:
+            if release.format != "100k":
+                raise MovieLensError(f"split {split!r} is shipped with ml-100k only, not with {release.format}")
+            base, shipped = read_100k_split(src, split)
+            ratings = pd.concat([base, shipped], ignore_index=True)
+            shipped_test = np.r_[np.zeros(len(base), bool), np.ones(len(shipped), bool)]
+            release = dataclasses.replace(release, ratings=ratings)
         user_id, user_keys = _ids(ratings["user"], release.users["user"] if release.users is not None else None,
                                   "user", "the users file")
         item_id, item_keys = _ids(ratings["item"], release.items["item"] if release.items is not None else None,
                                   "movie", "the movies file")
-        test = split_mask(ratings, user_id, split, test_fraction, seed)
+        test = shipped_test if shipped_test is not None else split_mask(ratings, user_id, split, test_fraction,
+                                                                         seed)
         rating = ratings["rating"].to_numpy().astype(np.float32)
         columns = {"user_id": pa.array(user_id), "item_id": pa.array(item_id), "rating": pa.array(rating),
                    "label": pa.array((rating >= 4).astype(np.float32)),

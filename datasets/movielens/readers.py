@@ -17,6 +17,9 @@ import numpy as np
 import pandas as pd
 
 FORMATS = ("100k", "1m", "csv", "tfds")
+# The splits shipped in ml-100k as ``NAME.base`` / ``NAME.test``: u1..u5 are the five disjoint 80/20 folds of
+# u.data (5-fold cross-validation); ua and ub hold exactly 10 ratings per user in test.
+SPLITS_100K = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
 GENRES_100K = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
                "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
                "War", "Western")
@@ -68,11 +71,40 @@ def _check_columns(frame: pd.DataFrame, file: str, expected: int) -> pd.DataFram
     return frame
 
 
+def _bad_line(file: str, sep: str, fields: int) -> Optional[str]:
+    """The first line of ``file`` without ``fields`` integer fields separated by ``sep``, as an error message."""
+    with open(file, encoding="latin-1") as f:
+        for number, line in enumerate(f, 1):
+            parts = line.rstrip("\r\n").split(sep)
+            if len(parts) != fields or not all(p.strip().lstrip("-").isdigit() for p in parts):
+                return (f"{file!r} line {number}: expected {fields} integer fields separated by {sep!r}, "
+                        f"got {line.rstrip()!r}")
+    return None
+
+
+def _read_ratings_tsv(file: str) -> pd.DataFrame:
+    """A 100k ratings file (``u.data``, ``u1.base``, ...): user, item, rating, timestamp, tab-separated integers."""
+    try:
+        frame = pd.read_csv(file, sep="\t", header=None, engine="c")
+    except (pd.errors.ParserError, ValueError):
+        frame = None
+    if frame is None or frame.shape[1] != 4 or frame.isna().any().any() or \
+            not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
+        raise MovieLensError(_bad_line(file, "\t", 4) or f"{file!r}: expected 4 tab-separated integer fields")
+    frame.columns = ["user", "item", "rating", "timestamp"]
+    return frame
+
+
+def read_100k_split(path: str, name: str) -> tuple:
+    """The shipped split ``name`` (one of :data:`SPLITS_100K`) of ml-100k: ``(base, test)`` ratings frames."""
+    if name not in SPLITS_100K:
+        raise MovieLensError(f"split {name!r} is not one of the ml-100k splits {', '.join(SPLITS_100K)}")
+    return tuple(_read_ratings_tsv(_need(path, f"{name}.{part}")) for part in ("base", "test"))
+
+
 def read_100k(path: str) -> Release:
     """MovieLens 100k: ``u.data`` (user, item, rating, timestamp) plus ``u.user`` and ``u.item``."""
-    file = _need(path, "u.data")
-    ratings = _check_columns(pd.read_csv(file, sep="\t", header=None, engine="c"), file, 4)
-    ratings.columns = ["user", "item", "rating", "timestamp"]
+    ratings = _read_ratings_tsv(_need(path, "u.data"))
     users = items = None
     if (f := _optional(path, "u.user")) is not None:
         users = pd.read_csv(f, sep="|", header=None, names=["user", "age", "gender", "occupation", "zip"],
@@ -87,9 +119,13 @@ def read_100k(path: str) -> Release:
 
 def _read_colons(file: str, names: List[str]) -> pd.DataFrame:
     """A ``::``-separated file whose fields hold no ``:`` (ratings.dat, users.dat), with the fast C parser."""
-    raw = pd.read_csv(file, sep=":", header=None, engine="c", encoding="latin-1")
-    if raw.shape[1] != 2 * len(names) - 1:
-        raise MovieLensError(f"{file!r}: expected {len(names)} fields separated by '::'")
+    try:
+        raw = pd.read_csv(file, sep=":", header=None, engine="c", encoding="latin-1")
+    except (pd.errors.ParserError, ValueError):
+        raw = None
+    if raw is None or raw.shape[1] != 2 * len(names) - 1 or raw.iloc[:, 1::2].notna().any().any():
+        located = _bad_line(file, "::", len(names)) if "rating" in names else None
+        raise MovieLensError(located or f"{file!r}: expected {len(names)} fields separated by '::'")
     frame = raw.iloc[:, ::2]
     frame.columns = names
     return _check_columns(frame.reset_index(drop=True), file, len(names))
