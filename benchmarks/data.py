@@ -1,6 +1,6 @@
 """Input pipeline benchmark: reader rows/s per worker, synthetic rows/s and Criteo converter MB/s.
 
-    python -m benchmarks.data [--rows 2000000] [--batch-size 8192] [--workers 1]
+    python -m benchmarks.data [--rows 2000000] [--worker_batch 8192] [--workers 1]
 
 Writes Criteo-shaped synthetic Parquet and a Criteo TSV made from it into a
 temporary directory, then times (1) the generator, (2) the reader as
@@ -24,6 +24,7 @@ import numpy as np
 from datasets import schema
 from datasets.criteo import convert
 from datasets.synthetic import generate, generate_table
+from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.data")
 
@@ -62,9 +63,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000, help="synthetic rows (default 2,000,000)")
-    parser.add_argument("--batch-size", type=int, default=8192, help="reader batch size (default 8192)")
+    add_flag(parser, "--worker_batch", type=int, default=8192, help="rows per batch each share's reader yields (default 8192)")
+    parser.add_argument("--batch-size", dest="worker_batch", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help="shares to read, one after another (default 1)")
-    parser.add_argument("--tsv-rows", type=int, default=200_000, help="rows of the converter's TSV (default 200,000)")
+    add_flag(parser, "--tsv_rows", type=int, default=200_000, help="rows of the converter's TSV (default 200,000)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -81,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         def read_tf(rank: int) -> Callable[[], float]:
             def run() -> float:
-                ds = cd.parquet_dataset(data, args.batch_size, label=schema.LABEL, rank=rank,
+                ds = cd.parquet_dataset(data, args.worker_batch, label=schema.LABEL, rank=rank,
                                         world_size=args.workers, drop_remainder=True)
                 return float(sum(int(labels.shape[0]) for _, labels in ds))
             return run
@@ -90,13 +92,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             def run() -> float:
                 pieces, _ = cd.plan(data, rank=rank, world_size=args.workers)
                 return float(sum(len(b[schema.LABEL]) for b in
-                                 cd.iterate_batches(pieces, list(schema.COLUMNS), args.batch_size)))
+                                 cd.iterate_batches(pieces, list(schema.COLUMNS), args.worker_batch)))
             return run
 
         for name, reader in (("reader tf.data", read_tf), ("reader numpy  ", read_np)):
             per_worker = [statistics.mean(_timed(reader(r), args.repeats)) for r in range(args.workers)]
             print(f"{name} per worker ({args.workers})  {_fmt(per_worker, 'rows/s')}   "
-                  f"batch {args.batch_size}, 40 columns")
+                  f"batch {args.worker_batch}, 40 columns")
 
         tsv = os.path.join(tmp, "day_0")
         size = write_tsv(generate_table(args.tsv_rows, seed=2), tsv)

@@ -1,7 +1,7 @@
 """Sharded-embedding benchmark: samples/s and bytes/sample of a Criteo-shaped lookup+update step.
 
-    python -m benchmarks.embedding [--backends hb,sok] [--workers 1,2,3] [--batch-size 1024]
-                                   [--scale 0.001] [--steps 10] [--repeats 5] [--warmup 5] [--per-table]
+    python -m benchmarks.embedding [--backends hb,sok] [--workers 1,2,3] [--batch_size 3072]
+                                   [--scale 0.001] [--steps 10] [--repeats 5] [--warmup 5] [--per_table]
 
 For each backend and world size, starts the workers through the real
 launcher (``python -m collective.launch``). Each worker builds
@@ -12,7 +12,8 @@ dense features, a small MLP, Adagrad with sparse table updates), runs
 Prints, per backend and world size, the median samples/s over the repeats
 (global samples over the slowest worker's time) and the bytes all workers
 sent per sample (``collective.comm``'s counter: embedding exchanges and the
-dense gradient allreduce). ``--batch-size`` is per worker.
+dense gradient allreduce). ``--batch_size`` is the global batch: each of N
+workers reads ``batch_size / N`` rows per step.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import tensorflow as tf
 from datasets import schema
 from datasets.synthetic.generate import cardinalities as criteo_cardinalities
 from datasets.synthetic.generate import zipf_ranks
+from collective.byte_model import bytes_per_sample
+from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.embedding")
 
@@ -112,7 +115,7 @@ def run_worker(args: argparse.Namespace) -> None:
     rank = strategy.rank()
     rng = np.random.default_rng(1000 + rank)
     with strategy.scope(), tf.Graph().as_default():
-        step = build_embedding_step(args.batch_size, criteo_cardinalities(args.scale), strategy=strategy,
+        step = build_embedding_step(args.batch_size // strategy.world_size(), criteo_cardinalities(args.scale), strategy=strategy,
                                     grouped=not args.per_table)
         counter = comm.bytes_counter()
         # Batches are made before timing: the benchmark times the step, not the generator.
@@ -147,9 +150,9 @@ def measure(backend: str, workers: int, args: argparse.Namespace) -> Result:
     """Runs the workers through the launcher and reduces their timings."""
     with tempfile.TemporaryDirectory(prefix="bench-embedding-") as out:
         cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "-m", "benchmarks.embedding",
-               "--worker", "--out", out, "--backend", backend, "--batch-size", str(args.batch_size),
+               "--worker", "--out", out, "--backend", backend, "--batch_size", str(args.batch_size),
                "--scale", str(args.scale), "--steps", str(args.steps), "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup)] + (["--per-table"] if args.per_table else [])
+               "--warmup", str(args.warmup)] + (["--per_table"] if args.per_table else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -157,9 +160,9 @@ def measure(backend: str, workers: int, args: argparse.Namespace) -> Result:
         for r in range(workers):
             with open(os.path.join(out, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-    samples = args.batch_size * workers * args.steps
+    samples = args.batch_size * args.steps
     rates = [samples / max(rank["seconds"][i] for rank in ranks) for i in range(args.repeats)]
-    sent = [sum(rank["bytes"][i] for rank in ranks) / samples for i in range(args.repeats)]
+    sent = [bytes_per_sample(sum(rank["bytes"][i] for rank in ranks), samples) for i in range(args.repeats)]
     return Result(backend, workers, statistics.median(rates), statistics.median(sent))
 
 
@@ -167,19 +170,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.embedding", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="hb,sok", help="comma-separated backends (default hb,sok)")
     parser.add_argument("--workers", default="1,2,3", help="comma-separated world sizes (default 1,2,3)")
-    parser.add_argument("--batch-size", type=int, default=1024, help="samples per step per worker")
+    add_flag(parser, "--batch_size", type=int, default=3072,
+             help="global batch: each of N workers reads batch_size / N rows per step (default 3072)")
     parser.add_argument("--scale", type=float, default=0.001, help="table sizes: Criteo Kaggle's times this")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--per-table", action="store_true", help="one exchange per table instead of grouped")
+    add_flag(parser, "--per_table", action="store_true", help="one exchange per table instead of grouped")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="hb", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("batch_size", "steps", "repeats"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+            parser.error(f"--{name}={getattr(args, name)} must be >= 1")
     if args.scale <= 0:
         parser.error(f"--scale={args.scale} must be > 0")
     return args
@@ -193,6 +197,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [int(n) for n in args.workers.split(",") if n.strip()]
+    uneven = [n for n in sizes if args.batch_size % n]
+    if uneven:
+        raise SystemExit(f"--batch_size {args.batch_size} is the global batch: it must divide evenly among "
+                         f"{', '.join(map(str, uneven))} workers")
     runs = [(b, n) for b in backends for n in sizes]
     results = []
     for k, (backend, workers) in enumerate(runs, 1):
@@ -202,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         logger.info("[%d/%d] %s on %d worker(s): %.0f samples/s (%.0f s)", k, len(runs), backend, workers,
                     results[-1].samples_per_s, time.perf_counter() - start)
     mode = "per-table" if args.per_table else "grouped"
-    print(f"Criteo-shaped lookup+update step, {mode} exchange, batch {args.batch_size}/worker, dim {DIM}, "
+    print(f"Criteo-shaped lookup+update step, {mode} exchange, global batch {args.batch_size}, dim {DIM}, "
           f"tables = Criteo Kaggle x {args.scale} ({sum(criteo_cardinalities(args.scale)):,} rows), "
           f"median of {args.repeats} x {args.steps} steps")
     print(f"{'backend':<8}{'workers':>8}{'samples/s':>14}{'bytes/sample':>15}")

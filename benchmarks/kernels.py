@@ -3,7 +3,7 @@
 Run on a machine with a CUDA GPU and the ``gpu`` extra::
 
     python -m benchmarks.kernels                     # 1e4 .. 1e8 keys
-    python -m benchmarks.kernels --max-keys 1e7 --json out.json
+    python -m benchmarks.kernels --max_keys 1e7 --json out.json
 
 For each size it times (CUDA events, median of ``--repeats`` after a warm-up):
 partition (ours vs a sort-based partition), unique (ours vs ``cupy.unique``
@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 from typing import Any, Callable, Dict, List, Optional
+from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.kernels")
 
@@ -135,12 +136,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=None, help="key counts (default 1e4 .. 1e8)")
-    parser.add_argument("--max-keys", type=float, default=1e8, help="drop default sizes above this (default 1e8)")
+    add_flag(parser, "--max_keys", type=float, default=1e8, help="drop default sizes above this (default 1e8)")
     parser.add_argument("--buckets", type=int, default=8, help="partition buckets, i.e. workers (default 8)")
     parser.add_argument("--distribution", choices=("uniform", "zipf"), default="uniform", help="id distribution")
-    parser.add_argument("--load-factor", type=float, default=0.5, help="hash-table load factor (default 0.5)")
+    add_flag(parser, "--load_factor", type=float, default=0.5, help="hash-table load factor (default 0.5)")
     parser.add_argument("--dim", type=int, default=64, help="embedding dimension for the combiners (default 64)")
-    parser.add_argument("--max-combine-rows", type=int, default=10**7, help="cap on combiner rows (default 1e7)")
+    add_flag(parser, "--max_combine_rows", type=int, default=10**7, help="cap on combiner rows (default 1e7)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case; the median is kept (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="kernels_benchmark.json", help="where to write the rows")

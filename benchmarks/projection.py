@@ -1,6 +1,6 @@
 """Exact bytes per training step for each backend at N = 1 ... 1024 workers, and a time model.
 
-    python -m benchmarks.projection [--batch-size 512] [--dim 16] [--json out.json]
+    python -m benchmarks.projection [--worker_batch 512] [--dim 16] [--json out.json]
 
 Partitioning (``id % N``) and deduplication are deterministic, so the bytes
 every worker sends in one step follow from the ids alone: this module
@@ -40,7 +40,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from collective.byte_model import sent_bytes
+from collective.byte_model import bytes_per_sample, sent_bytes
+from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.projection")
 
@@ -219,7 +220,7 @@ def project(source: IdSource, dim: int, batch_size: int, worker_counts: Iterable
             steps = [step_bytes(ids, source.vocabs, dim, n, batch_size, backend, params) for ids in draws]
             total = float(np.mean([s.total for s in steps]))
             row = {"dataset": source.name, "backend": backend, "workers": n, "batch_size": batch_size, "dim": dim,
-                   "bytes_per_step": total, "bytes_per_sample": total / (n * batch_size),
+                   "bytes_per_step": total, "bytes_per_sample": bytes_per_sample(total, n * batch_size),
                    "max_worker_bytes": float(np.mean([s.per_worker.max() for s in steps]))}
             for fabric in FABRICS:
                 row[f"seconds[{fabric.name}]"] = float(np.mean([projected_seconds(s, n, fabric) for s in steps]))
@@ -241,11 +242,13 @@ def sources(scale: float, movielens: Optional[str] = MOVIELENS) -> List[IdSource
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.projection", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-size", type=int, default=512, help="samples per worker per step (default 512)")
+    add_flag(parser, "--worker_batch", type=int, default=512,
+             help="rows each worker reads per step; the global batch grows as N x this (default 512)")
+    parser.add_argument("--batch-size", dest="worker_batch", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--dim", type=int, default=16, help="embedding width (default 16)")
     parser.add_argument("--scale", type=float, default=0.01, help="synthetic table scale (default 0.01)")
     parser.add_argument("--batches", type=int, default=2, help="global batches averaged (default 2)")
-    parser.add_argument("--max-workers", type=int, default=1024, help="largest N (default 1024)")
+    add_flag(parser, "--max_workers", type=int, default=1024, help="largest N (default 1024)")
     parser.add_argument("--movielens", default=MOVIELENS, help="ml-latest-small directory ('' to skip)")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
@@ -253,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     counts = [n for n in WORKER_COUNTS if n <= args.max_workers]
     rows = []
     for source in sources(args.scale, args.movielens):
-        rows += project(source, args.dim, args.batch_size, counts, args.batches)
+        rows += project(source, args.dim, args.worker_batch, counts, args.batches)
     print(f"{'dataset':<32} {'backend':<15} {'N':>5} {'bytes/sample':>13} {'IB time/step':>13}")
     for row in rows:
         print(f"{row['dataset']:<32} {row['backend']:<15} {row['workers']:>5} {row['bytes_per_sample']:>13,.1f} "

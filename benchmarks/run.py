@@ -28,6 +28,8 @@ import numpy as np
 
 from benchmarks import config as configs
 from benchmarks import machine, metrics, projection
+from collective.byte_model import bytes_per_sample
+from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.run")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +97,7 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarr
         "step_time_s": {"p50": _percentile(step_times, 50), "p90": _percentile(step_times, 90)},
         "bytes_per_step": bytes_per_step,
         "bytes_per_worker_step": bytes_per_worker,
-        "bytes_per_sample": bytes_per_step / (n * b),
+        "bytes_per_sample": bytes_per_sample(bytes_per_step, n * b),
         "projected_bytes_per_step": projected,
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
         "embedding_bytes": [r["embedding_bytes"] for r in ranks],
@@ -190,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a name under benchmarks/configs (e.g. quick) or a JSON file")
     parser.add_argument("--out", default=None, help="output directory (default reports/<name>)")
-    parser.add_argument("--no-report", action="store_true", help="write records only")
+    add_flag(parser, "--no_report", action="store_true", help="write records only")
     parser.add_argument("--note", default=None, help="a note for the top of the report (e.g. 'shared, noisy machine')")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

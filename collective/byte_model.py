@@ -33,3 +33,10 @@ def sent_bytes(op: str, nbytes: Any, world_size: int) -> Any:
         raise ValueError(f"no byte model for {op!r}; known: {', '.join(_FACTORS)} (alltoall counts its splits)")
     numerator, denominator = _FACTORS[op]
     return nbytes * numerator(world_size) // denominator(world_size)
+
+
+def bytes_per_sample(sent_by_all_workers: float, global_samples: float) -> float:
+    """The one meaning of ``bytes_per_sample`` (engines, :class:`collective.hooks.ThroughputHook`, benchmarks):
+    the bytes all workers sent over some training steps (their counters summed, measuring collectives left
+    out) divided by the samples of the global batches of those steps; NaN without samples."""
+    return float(sent_by_all_workers) / global_samples if global_samples else float("nan")

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from collective import comm
-from collective.byte_model import sent_bytes
+from collective.byte_model import bytes_per_sample, sent_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
     Bytes/sample is the bytes all workers sent (their
     :func:`collective.comm.bytes_counter`, summed with one allreduce at each
     log step) divided by the global samples, over the interval since the
-    previous log; the hook's own allreduce is left out.
+    previous log; the hook's own allreduce is left out
+    (:func:`collective.byte_model.bytes_per_sample`, the one definition).
 
     Args:
       every_n_steps: log interval in global steps.
@@ -115,7 +116,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         record = {"step": step, "steps": step - last_step, "seconds": now - last_time,
                   "samples": samples, "bytes": sent,
                   "samples_per_sec": samples / max(now - last_time, 1e-9),
-                  "bytes_per_sample": sent / samples if samples else float("nan")}
+                  "bytes_per_sample": bytes_per_sample(sent, samples)}
         if loss is not None:
             record["loss"] = float(loss)
         self.records.append(record)

@@ -6,10 +6,10 @@ empty string for a missing value, exactly as ``line.split("\\t")[1:]`` gives
 them. Inside the graph the converter's transform (:mod:`datasets.criteo`)
 turns them into the model's features: counts through ``log(x + 1)`` with
 negatives and missing values 0 (untransformed if the data was converted with
-``--no-log``), hex values through the conversion's vocabulary (one
+``--no_log``), hex values through the conversion's vocabulary (one
 ``tf.lookup.StaticHashTable`` per column, read from a SavedModel asset, so
 the export is self-contained; id 0 for missing or unknown values) or its
-``--hash-buckets`` formula. A value the converter would reject (not an
+``--hash_buckets`` formula. A value the converter would reject (not an
 integer of at most 18 digits, not 1 to 16 hex digits) fails the request with
 ``InvalidArgumentError`` naming the column.
 """

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import CollectiveStrategy, comm, context, progress
-from collective.byte_model import sent_bytes
+from collective.byte_model import bytes_per_sample, sent_bytes
 from collective.checkpoint import Saver
 from collective.export import export_estimator
 from modelzoo import heads, summaries
@@ -45,6 +45,7 @@ logger = logging.getLogger("modelzoo")
 @dataclasses.dataclass
 class RunResult:
     """What a run measured. ``metrics`` is empty without evaluation, ``export_path`` None without export;
+    ``bytes_per_sample``: :func:`collective.byte_model.bytes_per_sample` over the training steps;
     ``losses``: the training loss of every step (session engine) or log interval (estimator engine), the
     mean over all workers, as one process on the whole batch computes it."""
 
@@ -145,7 +146,8 @@ class SessionEngine:
             rows_in = tf.compat.v1.placeholder(tf.float32, [None, None], name="eval_rows")
             gathered_rows = comm.allgather(rows_in)
             saver = Saver() if self.strategy else tf.compat.v1.train.Saver()
-            sent = comm.bytes_counter()
+            # All workers' counters summed, read before this allreduce adds its own bytes.
+            sent = comm.allreduce(comm.bytes_counter().read_value(), "sum")
             self._warn_if_resumable()
             with tf.compat.v1.Session(config=self._session_config()) as sess:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
@@ -167,8 +169,9 @@ class SessionEngine:
                 loss, rate, losses = self._train(sess, spec, {handle: handle_values[0]},
                                                  max_steps, global_batch, log_every,
                                                  after_step)
-                local_samples = max_steps * global_batch // self.world_size
-                bytes_per_sample = float(sess.run(sent) - max_steps * loss_bytes) / max(local_samples, 1)
+                # The loss averaged for the log above is left out, as ThroughputHook leaves out its own.
+                per_sample = bytes_per_sample(sess.run(sent) - self.world_size * max_steps * loss_bytes,
+                                              max_steps * global_batch)
                 checkpoint = self._save(saver, sess, max_steps)
                 metrics, predictions = {}, None
                 if eval_ds is not None:
@@ -181,7 +184,7 @@ class SessionEngine:
             path = export_estimator(self.model_fn, self.params, None, export_dir_base, serving_input_receiver_fn,
                                     checkpoint)
             export_path = path.decode() if isinstance(path, bytes) else path
-        return RunResult(max_steps, loss, rate, bytes_per_sample, metrics, export_path,
+        return RunResult(max_steps, loss, rate, per_sample, metrics, export_path,
                          predictions if keep_predictions else None, losses)
 
     def _session_config(self) -> tf.compat.v1.ConfigProto:
@@ -297,7 +300,7 @@ class EstimatorEngine:
         seconds = sum(r["seconds"] for r in records)
         sent = sum(r["bytes"] for r in records)
         return RunResult(max_steps, records[-1].get("loss") if records else None,
-                         samples / seconds if seconds else float("nan"), sent / samples if samples else float("nan"),
+                         samples / seconds if seconds else float("nan"), bytes_per_sample(sent, samples),
                          metrics, export_path,
                          losses=[(s, by_step[s]["loss"]) for s in sorted(by_step) if "loss" in by_step[s]])
 

@@ -54,8 +54,8 @@ def trained(tmp_path_factory, repo_root):
     root = tmp_path_factory.mktemp("criteo-e2e")
     src = write_kaggle_tsv(root / "train.txt", ROWS)
     data = root / "data"
-    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", src, "--out", str(data), "--min-count", "2",
-                           "--test-fraction", "0.2", "--row-group-size", "128", "--quiet"], cwd=repo_root,
+    proc = subprocess.run([sys.executable, "-m", "datasets.criteo", src, "--out", str(data), "--min_count", "2",
+                           "--test_fraction", "0.2", "--row_group_size", "128", "--quiet"], cwd=repo_root,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     model_dir = root / "model"

@@ -139,7 +139,7 @@ def test_dataset_layout_with_the_last_fraction_as_test_split(tmp_path):
 def test_terabyte_day_files_make_the_last_day_the_test_split(tmp_path, repo_root):
     days = [write_tsv(tmp_path / f"day_{d}.gz", _ids(range(d * 5, d * 5 + 5)), gz=True) for d in (0, 1, 2)]
     proc = subprocess.run([sys.executable, "-m", "datasets.criteo", days[2], days[0], days[1], "--out",
-                           str(tmp_path / "out"), "--hash-buckets", "1000"], cwd=repo_root, capture_output=True,
+                           str(tmp_path / "out"), "--hash_buckets", "1000"], cwd=repo_root, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
     assert f"test split: {days[2]}" in proc.stdout and "converting" in proc.stderr  # the progress bar
@@ -168,4 +168,5 @@ def test_command_line(tmp_path, repo_root):
     assert f"{src}:5: I1='x' is not an integer" in proc.stdout
     help_text = subprocess.run([sys.executable, "-m", "datasets.criteo", "--help"], cwd=repo_root,
                                capture_output=True, text=True).stdout
-    assert "--hash-buckets" in help_text and "--min-count" in help_text and "--test-fraction" in help_text
+    assert "--hash_buckets" in help_text and "--min_count" in help_text and "--test_fraction" in help_text
+    assert "--hash-buckets" not in help_text  # the old spellings (used above) parse, unlisted

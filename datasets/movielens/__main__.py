@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from collective.cli import add_flag
 from datasets.movielens import convert
 from datasets.movielens.convert import SPLITS
 from datasets.movielens.readers import FORMATS
@@ -19,9 +20,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--format", choices=FORMATS, help="default: detected from the files in SRC")
     parser.add_argument("--split", choices=SPLITS, default="random",
                         help="random (by --seed) or time (each user's latest ratings go to test); default random")
-    parser.add_argument("--test-fraction", type=float, default=0.2, help="share of ratings in test (default 0.2)")
+    add_flag(parser, "--test_fraction", type=float, default=0.2, help="share of ratings in test (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random split (default 0)")
-    parser.add_argument("--data-dir", help="tensorflow_datasets data directory (with --format tfds)")
+    add_flag(parser, "--data_dir", help="tensorflow_datasets data directory (with --format tfds)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from collective.cli import add_flag
 from datasets.synthetic import generate
 
 
@@ -19,10 +20,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--scale", type=float, default=0.01,
                         help="table sizes as a fraction of Criteo Kaggle's (default 0.01)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows (default 0)")
-    parser.add_argument("--teacher-seed", type=int, default=0,
-                        help="seed of the labelling model; keep it equal for train and test (default 0)")
+    add_flag(parser, "--teacher_seed", type=int, default=0,
+             help="seed of the labelling model; keep it equal for train and test (default 0)")
     parser.add_argument("--zipf", type=float, default=1.1, help="power-law exponent of id frequencies (default 1.1)")
-    parser.add_argument("--row-group-size", type=int, default=65536, help="rows per row group (default 65536)")
+    add_flag(parser, "--row_group_size", type=int, default=65536, help="rows per row group (default 65536)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
