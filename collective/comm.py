@@ -9,8 +9,9 @@ step, by the byte model of :mod:`collective.byte_model`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -123,8 +124,25 @@ def _nbytes(tensor: tf.Tensor) -> tf.Tensor:
     return tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
 
 
+_uncounted_depth = 0
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Collectives built inside leave the byte counter alone: checkpoint saves and restores move tables,
+    not training traffic, and would otherwise land in bytes/sample of the steps around them."""
+    global _uncounted_depth
+    _uncounted_depth += 1
+    try:
+        yield
+    finally:
+        _uncounted_depth -= 1
+
+
 def _counted(outputs, sent_bytes: tf.Tensor):
     """Returns ``outputs`` (a tensor or tuple) after adding ``sent_bytes`` to the counter."""
+    if _uncounted_depth:
+        return outputs
     update = bytes_counter().assign_add(tf.cast(sent_bytes, tf.int64), read_value=False)
     with tf.control_dependencies([update]):
         if isinstance(outputs, tuple):

@@ -117,9 +117,6 @@ def test_every_backend_and_worker_count_trains_what_plain_tensorflow_trains(zoo,
     assert np.std(base[key]) > 1e-4
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 20 item 7): the estimator run's ThroughputHook window also "
-                   "counts its step-4 checkpoint save (and whatever else runs between its session start and step 8); "
-                   "1497.5 vs 1043.0 B/sample when measured")
 def test_bytes_per_sample_is_one_number_on_both_engines(zoo):
     """collective.byte_model.bytes_per_sample: all workers' bytes over the global samples, whether the session
     engine counts it or ThroughputHook does under --engine estimator (same data, batches and steps)."""
@@ -128,8 +125,12 @@ def test_bytes_per_sample_is_one_number_on_both_engines(zoo):
     # Beside the model's exchanges, the Estimator's step allreduces its input-sync counts (2 int64) and
     # [loss, has_data] (2 float32); the session engine's logged loss is left out.
     extra = 2 * (sent_bytes("allreduce", 16, 2) + sent_bytes("allreduce", 8, 2)) / 32
+    # The Estimator's checkpoint hook also allreduces a [2] int32 flag (save due, preempted) after each step,
+    # 16 B per step over both workers: counted for the steps inside ThroughputHook's window.
+    flag = 2 * sent_bytes("allreduce", 8, 2) / 32
     assert session["bytes_per_sample"] > 0
-    assert estimator["bytes_per_sample"] == pytest.approx(session["bytes_per_sample"] + extra, rel=1e-9)
+    assert 0 <= estimator["bytes_per_sample"] - (session["bytes_per_sample"] + extra) <= flag + 1e-9
+    # Checkpoint saves move whole tables; they are not training traffic and used to add about 450 B/sample.
 
 
 @pytest.mark.parametrize("model", MODELS)

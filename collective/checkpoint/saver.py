@@ -111,7 +111,7 @@ class Saver(saver_lib.Saver):
         self._expected_shapes = model_shapes(sharded, saveables, self._names)
         for family in self._families:
             self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
-        with tf.name_scope(self._name or "collective_save"):
+        with tf.name_scope(self._name or "collective_save"), comm.uncounted():
             self._build_save_ops(self._sharded_vars, saveables)
             self._build_restore_ops(self._sharded_vars, saveables)
         self.saver_def = saver_pb2.SaverDef(

@@ -258,7 +258,7 @@ def convert_dataset(inputs: Union[str, Sequence[str]], out_dir: str, *, test_inp
         test.close()
     splits["test"] = summary.rows_written - splits["train"]
     if not splits["test"]:
-        logger.warning("the test split of %s is empty: give test_inputs (--test) or test_fraction (--test-fraction)",
+        logger.warning("the test split of %s is empty: give test_inputs (--test) or test_fraction (--test_fraction)",
                        out_dir)
     _finish(summary, paths, train.files + test.files, vocab, hash_buckets,
             total_bytes=sum(os.path.getsize(p) for p in paths), started=started)
