@@ -96,8 +96,8 @@ else
   horovod_ok || die "Horovod installed but horovod.tensorflow does not load with Gloo; rebuild with 'rm -rf $venv' and run this script again."
 fi
 
-extras="dev,tf-cpu"
-[ "$tf_package" = tensorflow ] && extras="dev,tf-gpu,gpu"
+extras="dev,tf-cpu,tfds"
+[ "$tf_package" = tensorflow ] && extras="dev,tf-gpu,gpu,tfds"
 pip_install -c "$constraints" -e ".[$extras]"
 
 check=$("$venv/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
