@@ -85,9 +85,12 @@ def movielens_spec(users: int, items: int, genres: int = 0) -> FeatureSpec:
                        multi_hot=(("genres", genres),) if genres else (), labels=("rating", "label"))
 
 
+EMBEDDING_APIS = ("variables", "feature_columns")
+
+
 def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: int, scope: str, seed: int,
                     names: Optional[Sequence[str]] = None, stddev: Optional[float] = None,
-                    sharded: bool = True) -> tf.Tensor:
+                    sharded: bool = True, api: str = "variables") -> tf.Tensor:
     """``[batch, len(names), dim]``: one table ``scope/<feature>`` of ``[vocab, dim]`` per categorical
     feature (all of the spec's, or ``names``, in that order), looked up together: sharded tables
     share one exchange (:func:`collective.embedding.lookup.lookup_sparse_group`).
@@ -95,9 +98,17 @@ def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: i
     The tables are made under ``embedding_scope()`` (sharded across workers), or are plain TensorFlow
     variables when not ``sharded`` (the baseline). Each table has its own initialiser seed, so the same
     ``seed`` gives the same tables whatever the world size and backend.
+
+    ``api="feature_columns"`` builds the same tables the way a stock TensorFlow model does:
+    ``embedding_column(categorical_column_with_identity(...), combiner="sum")`` through
+    ``input_layer`` (coalesced into one exchange when sharded). The benchmarks' Estimator baseline uses it.
     """
+    if api not in EMBEDDING_APIS:
+        raise ValueError(f"embedding api {api!r} is not one of {', '.join(EMBEDDING_APIS)}")
     names = list(names) if names is not None else [n for n, _ in spec.categorical]
     sharding = CollectiveStrategy().embedding_scope() if sharded else contextlib.nullcontext()
+    if api == "feature_columns":
+        return _column_embeddings(features, spec, dim, scope, seed, names, stddev, sharding)
     with tf.compat.v1.variable_scope(scope), sharding:
         tables = [tf.compat.v1.get_variable(
             name, [spec.vocab(name), dim],
@@ -107,6 +118,24 @@ def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: i
     vectors = lookup_sparse_group(tables, sparse_ids, combiners=["sum"] * len(names), name=scope + "_lookup",
                                   pad_to_batch=True)
     return tf.stack(vectors, axis=1)
+
+
+def _column_embeddings(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: int, scope: str, seed: int,
+                       names: Sequence[str], stddev: Optional[float], sharding) -> tf.Tensor:
+    """:func:`embedding_layer` through feature columns: ``[batch, len(names), dim]``."""
+    fc = tf.compat.v1.feature_column
+    columns = [fc.embedding_column(
+        fc.categorical_column_with_identity(name, spec.vocab(name)), dim, combiner="sum",
+        initializer=tf.compat.v1.truncated_normal_initializer(stddev=stddev or dim ** -0.5, seed=seed * 1000 + i))
+        for i, name in enumerate(names)]
+    ids = {name: tf.reshape(tf.cast(features[name], tf.int64), [-1, 1]) for name in names}
+    with tf.compat.v1.variable_scope(scope), sharding:
+        flat = fc.input_layer(ids, columns)
+    # input_layer concatenates the columns sorted by their names; restore the order of ``names``.
+    order = sorted(range(len(columns)), key=lambda k: columns[k].name)
+    parts = tf.split(flat, len(columns), axis=1)
+    by_feature = {k: parts[at] for at, k in enumerate(order)}
+    return tf.stack([by_feature[k] for k in range(len(columns))], axis=1)
 
 
 def _one_id_per_row(ids: tf.Tensor) -> tf.SparseTensor:

@@ -30,12 +30,13 @@ def model_fn(features, labels, mode, params):
     """DeepFM. ``params``: ``spec``, ``embedding_dim``, ``dnn``, ``seed`` and the head's keys."""
     spec, dim, seed = params["spec"], params["embedding_dim"], params.get("seed", 0)
     sharded = not params.get("plain")
+    api = params.get("embedding_api", "variables")
     numeric = numeric_tensor(features, spec)
-    weights = embedding_layer(features, spec, 1, "first_order", seed + 7, stddev=0.01, sharded=sharded)
+    weights = embedding_layer(features, spec, 1, "first_order", seed + 7, stddev=0.01, sharded=sharded, api=api)
     linear = tf.compat.v1.layers.dense(numeric, 1, name="first_order_numeric",
                                        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
     first = tf.reduce_sum(weights, axis=[1, 2]) + tf.reshape(linear, [-1])
-    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=sharded)
+    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=sharded, api=api)
     second = fm_second_order(embeddings)
     deep_in = tf.concat([tf.reshape(embeddings, [-1, embeddings.shape[1] * dim]), numeric], axis=1)
     deep = mlp(deep_in, list(params["dnn"]) + [1], "dnn", seed + 1, last_activation=False)

@@ -40,7 +40,8 @@ def model_fn(features, labels, mode, params):
         raise ValueError(f"DLRM's last top layer ({params['top_mlp'][-1]}) must be 1: it is the logit "
                          f"(e.g. --top_mlp {','.join(map(str, params['top_mlp']))},1)")
     x = mlp(numeric_tensor(features, spec), params["bottom_mlp"], "bottom_mlp", seed)
-    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=not params.get("plain"))
+    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=not params.get("plain"),
+                                 api=params.get("embedding_api", "variables"))
     interactions = dot_interaction(tf.concat([x[:, None, :], embeddings], axis=1))
     logit = mlp(tf.concat([x, interactions], axis=1), params["top_mlp"], "top_mlp", seed + 1,
                 last_activation=False)
