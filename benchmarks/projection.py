@@ -26,6 +26,10 @@ The time model charges every collective call a latency and the busiest
 worker's bytes a bandwidth: ``calls * latency * hops + max_bytes / bandwidth``
 with ``hops = N - 1`` for alltoall (pairwise exchange) and ``ceil(log2 N)``
 for allgather, reduce-scatter and allreduce (recursive doubling/halving).
+
+:func:`traffic_bytes` holds the byte model for one step given each table's
+distinct-id counts (:class:`TableTraffic`): :func:`step_bytes` counts them on
+drawn batches, :mod:`benchmarks.real_projection` takes their expectations.
 """
 
 from __future__ import annotations
@@ -75,8 +79,26 @@ class StepBytes:
     other_calls: int = 0
 
     @property
-    def total(self) -> int:
-        return int(self.per_worker.sum())
+    def total(self):
+        """All workers' bytes: an int for counted bytes, a float for expected ones."""
+        return self.per_worker.sum().item()
+
+
+@dataclasses.dataclass
+class TableTraffic:
+    """One table's lookup in one step, as counts of distinct ids (exact, or expectations: floats).
+
+    ``unique[w]``: distinct ids worker ``w`` looks up; ``remote[w]``: those of
+    them another worker owns; ``incoming[w]``: distinct ``(source, id)`` pairs
+    that other workers ask ``w`` (the owner) for.
+    """
+
+    vocab: int
+    dim: int
+    group: int
+    unique: np.ndarray
+    remote: np.ndarray
+    incoming: np.ndarray
 
 
 def _unique_per_worker(ids: np.ndarray, n: int, b: int, vocab: int):
@@ -84,6 +106,15 @@ def _unique_per_worker(ids: np.ndarray, n: int, b: int, vocab: int):
     worker = np.arange(len(ids), dtype=np.int64) // b
     keys = np.unique(worker * vocab + ids)
     return keys // vocab, keys % vocab
+
+
+def sampled_traffic(ids: np.ndarray, vocab: int, dim: int, group: int, n: int, batch_size: int) -> TableTraffic:
+    """:class:`TableTraffic` counted on a global batch of ids (worker ``r`` holding block ``r``)."""
+    worker, unique = _unique_per_worker(ids, n, batch_size, vocab)
+    owner = unique % n
+    remote = owner != worker
+    return TableTraffic(vocab, dim, group, np.bincount(worker, minlength=n),
+                        np.bincount(worker[remote], minlength=n), np.bincount(owner[remote], minlength=n))
 
 
 def dense_allreduce_bytes(param_bytes: Sequence[int], n: int) -> int:
@@ -107,33 +138,46 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    sent = np.zeros(n, dtype=np.int64)
-    out = StepBytes(sent)
     if n == 1:
-        return out
+        return StepBytes(np.zeros(n, dtype=np.int64))
     dims = [int(dim)] * len(vocabs) if np.isscalar(dim) else [int(d) for d in dim]
     groups = [0] * len(vocabs) if groups is None else list(groups)
-    group_dims: Dict[int, int] = {}  # sok: summed widths of each group's sharded tables
-    hb_groups = set()  # hb: one exchange per group and width
-    for table_ids, vocab, dim, group in zip(ids, vocabs, dims, groups):
+    tables = []
+    for table_ids, vocab, width, group in zip(ids, vocabs, dims, groups):
         table_ids = np.asarray(table_ids, dtype=np.int64)
         if len(table_ids) != n * batch_size:
             raise ValueError(f"a table's global batch has {len(table_ids)} ids, expected {n} x {batch_size}")
-        if backend == "hvd_replicated" or vocab < n:
-            worker, _ = _unique_per_worker(table_ids, n, batch_size, vocab)
-            sent += sent_bytes("allgather", np.bincount(worker, minlength=n) * (4 * dim + 8), n)
+        if backend == "sok" and vocab >= n:  # sok's bytes do not depend on the ids
+            zero = np.zeros(n, dtype=np.int64)
+            tables.append(TableTraffic(vocab, width, group, zero, zero, zero))
+        else:
+            tables.append(sampled_traffic(table_ids, vocab, width, group, n, batch_size))
+    return traffic_bytes(tables, n, batch_size, backend, dense_param_bytes)
+
+
+def traffic_bytes(tables: Sequence[TableTraffic], n: int, batch_size: int, backend: str,
+                  dense_param_bytes: Sequence[int] = ()) -> StepBytes:
+    """Bytes each of ``n`` workers sends in one step whose tables' lookups move ``tables`` (module docstring)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    exact = all(t.unique.dtype.kind in "iu" for t in tables)
+    sent = np.zeros(n, dtype=np.int64 if exact else np.float64)
+    out = StepBytes(sent)
+    if n == 1:
+        return out
+    group_dims: Dict[int, int] = {}  # sok: summed widths of each group's sharded tables
+    hb_groups = set()  # hb: one exchange per group and width
+    for t in tables:
+        if backend == "hvd_replicated" or t.vocab < n:
+            sent += sent_bytes("allgather", t.unique * (4 * t.dim + 8), n)
             out.other_calls += 2
         elif backend == "hb":
-            worker, unique = _unique_per_worker(table_ids, n, batch_size, vocab)
-            owner = unique % n
-            remote = owner != worker
-            sent += np.bincount(worker[remote], minlength=n) * (8 + 4 * dim)
-            sent += np.bincount(owner[remote], minlength=n) * 4 * dim
-            hb_groups.add((group, dim))
+            sent += t.remote * (8 + 4 * t.dim) + t.incoming * 4 * t.dim
+            hb_groups.add((t.group, t.dim))
         else:
             # One id per sample: (id, sample, table, weight) forward, its vector's gradient backward.
-            sent += sent_bytes("allgather", 32 * batch_size, n) + sent_bytes("allgather", batch_size * dim * 4, n)
-            group_dims[group] = group_dims.get(group, 0) + dim
+            sent += sent_bytes("allgather", 32 * batch_size, n) + sent_bytes("allgather", batch_size * t.dim * 4, n)
+            group_dims[t.group] = group_dims.get(t.group, 0) + t.dim
     out.alltoall_calls += 3 * len(hb_groups)
     for width in group_dims.values():
         sent += sent_bytes("allgather", 8, n) + sent_bytes("reducescatter", batch_size * n * width * 4, n)
@@ -141,6 +185,20 @@ def step_bytes(ids: Sequence[np.ndarray], vocabs: Sequence[int], dim, n: int, ba
     sent += dense_allreduce_bytes(dense_param_bytes, n)
     out.other_calls += 2 if dense_param_bytes else 0
     return out
+
+
+def lower_bound_bytes(tables: Sequence[TableTraffic], n: int, dense_param_bytes: Sequence[int] = ()) -> float:
+    """All workers' bytes of one step if every table were sharded and exchanged deduplicated.
+
+    Each distinct id a worker needs from another owner crosses once (8 bytes)
+    and its vector comes back and its gradient goes out once (``4*dim`` each):
+    the unique ids per (source, owner) pair; plus the dense allreduce every
+    backend pays.
+    """
+    if n == 1:
+        return 0.0
+    ids = sum(float(np.sum(t.remote)) * (8 + 8 * t.dim) for t in tables)
+    return ids + n * dense_allreduce_bytes(dense_param_bytes, n)
 
 
 def projected_seconds(step: StepBytes, n: int, fabric: Fabric) -> float:

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 from benchmarks import config as configs
-from benchmarks import metrics, projection, report
+from benchmarks import id_model, metrics, projection, projection_report, real_projection, report
+from benchmarks.batches import synthetic_rows
+from datasets import schema
+from datasets.synthetic import cardinalities, zipf_ranks
+from datasets.synthetic.generate import rank_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("tf_single", "hvd_replicated", "hb", "sok")
@@ -60,6 +64,41 @@ def test_projection_time_model_and_movielens_rows():
     assert {(r["backend"], r["workers"]) for r in rows} == {(b, n) for b in projection.BACKENDS for n in (1, 2, 4)}
     assert all(r["bytes_per_step"] == 0 for r in rows if r["workers"] == 1)
     assert all(r["bytes_per_step"] > 0 for r in rows if r["workers"] > 1)
+
+
+# ---------------------------------------------------------------- projection at real sizes: expected distinct ids
+
+def test_expected_distinct_ids_match_numpy_sampling():
+    rng = np.random.default_rng(3)
+    # (rows, exponent, draws, workers); 200,000 rows go past id_model.HEAD, so their tail is integrated in buckets.
+    for size, exponent, draws, workers in [(50, 1.1, 40, 4), (1000, 0.8, 300, 3), (200_000, 1.1, 4096, 5)]:
+        law, trials = id_model.PowerLaw(size, exponent), 300
+        unique, owned = np.zeros(trials), np.zeros((trials, workers))
+        for t in range(trials):
+            ids = np.unique(rank_ids(7, size, zipf_ranks(rng, draws, size, exponent)))
+            unique[t], owned[t] = len(ids), np.bincount(ids % workers, minlength=workers)
+        expected = id_model.expected_unique(law, draws)
+        assert abs(expected - unique.mean()) < 4 * unique.std() / np.sqrt(trials), (size, expected, unique.mean())
+        per_owner = id_model.expected_owned(law, draws, workers, table=7)
+        assert per_owner.sum() == pytest.approx(expected, rel=1e-12)
+        assert np.all(abs(per_owner - owned.mean(0)) < 4 * owned.std(0) / np.sqrt(trials) + 1e-9), (size, per_owner)
+    assert id_model.PowerLaw(40_000_000).mass(0, 40_000_000) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_expected_step_bytes_match_counts_on_drawn_batches():
+    n, b, batches, dim = 8, 256, 4, 16
+    vocabs = list(cardinalities(0.01))
+    columns = synthetic_rows(batches * n * b, 0.01, 5)
+    dense = projection.head_param_bytes(len(vocabs), dim, len(schema.DENSE))
+    tables = real_projection.expected_tables(vocabs, "embedding", dim, n, b)
+    for backend in projection.BACKENDS:
+        counted = np.mean([projection.step_bytes([columns[c][k * n * b:(k + 1) * n * b] for c in schema.CATEGORICAL],
+                                                 vocabs, dim, n, b, backend, dense).total for k in range(batches)])
+        assert projection.traffic_bytes(tables, n, b, backend, dense).total == pytest.approx(counted, rel=0.01)
+    # Every table sharded (none has fewer rows than N = 2): hb moves exactly the deduplicated ids.
+    two = real_projection.expected_tables(vocabs, "embedding", dim, 2, b)
+    assert projection.traffic_bytes(two, 2, b, "hb", dense).total == pytest.approx(
+        projection.lower_bound_bytes(two, 2, dense), rel=1e-12)
 
 
 def test_auc_matches_pairwise_count():
@@ -163,3 +202,31 @@ def test_report_has_every_backend_baseline_table_and_plot(tiny_run):
         assert (out / png).stat().st_size > 1000 and f"({png})" in text
     projected = json.loads((out / "projection.json").read_text())["rows"]
     assert {r["workers"] for r in projected} == {1, 2, 3, 4, 8, 16}
+
+
+
+@END_TO_END_TIMEOUT
+def test_real_size_projection_calibrates_on_the_tiny_run_and_writes_its_section(tiny_run, tmp_path):
+    out, _ = tiny_run
+    calibration = real_projection.calibration_rows(report.load_records(str(out)))
+    assert {(c["backend"], c["workers"]) for c in calibration} == {
+        ("hb", 2), ("hb", 3), ("sok", 2), ("sok", 3), ("hvd_replicated", 2)}
+    for c in calibration:
+        assert c["sampled_bytes_per_sample"] == pytest.approx(c["measured_bytes_per_sample"], rel=1e-12)
+        # sok's bytes do not depend on the ids; the others' are an expectation over two batches of 64 rows a worker.
+        assert abs(c["error_pct"]) < (1e-9 if c["backend"] == "sok" else 5.0), c
+    rows = real_projection.projection_rows(worker_counts=[1, 2, 8, 1024], batch_size=64, dim=4)
+    text = projection_report.projection_section(rows, calibration, str(tmp_path))
+    assert (tmp_path / projection_report.PLOT).stat().st_size > 1000 and f"({projection_report.PLOT})" in text
+    assert text.count("| embedding | hb |") == 2 and "Largest error" in text
+    for dataset in real_projection.DATASETS:
+        assert f"**{dataset.name}**" in text
+        for fabric in projection.FABRICS:
+            runs = projection_report.winners(rows)[dataset.name, fabric.name]
+            fastest = [backend for n in (2, 8, 1024) for backend, lo, hi in runs if lo <= n <= hi]
+            expected = []
+            for n in (2, 8, 1024):
+                times = {r["backend"]: r[f"seconds[{fabric.name}]"] for r in rows
+                         if r["dataset"] == dataset.name and r["workers"] == n}
+                expected.append(min(times, key=times.get))
+            assert fastest == expected, (dataset.name, fabric.name, runs)

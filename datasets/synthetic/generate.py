@@ -24,6 +24,7 @@ from datasets import schema
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 _SCATTER = 2654435761  # a prime larger than every table: rank -> id is a bijection
 _WEIGHT_CACHE: Dict[int, Dict[Tuple[int, int], np.ndarray]] = {}
+DEFAULT_ZIPF = 1.1  # the ids' power-law exponent unless a caller picks another
 
 
 def cardinalities(scale: float = 0.01) -> Tuple[int, ...]:
@@ -130,13 +131,18 @@ def _features(rng: np.random.Generator, rows: int, cards: Sequence[int],
     return dense, ids
 
 
+def rank_ids(table: int, n: int, ranks: np.ndarray) -> np.ndarray:
+    """The ids of popularity ``ranks`` (0 the most frequent) in ``table`` of ``n`` rows: a fixed bijection."""
+    return (np.asarray(ranks, dtype=np.int64) * _SCATTER + 977 * table) % n
+
+
 @functools.lru_cache(maxsize=64)
 def _scatter_table(table: int, n: int) -> np.ndarray:
-    """The id of each rank of ``table``: ``(rank * _SCATTER + 977 * table) % n``, tabulated (a gather beats int64 %)."""
-    return (np.arange(n, dtype=np.int64) * _SCATTER + 977 * table) % n
+    """:func:`rank_ids` of every rank of ``table``, tabulated (a gather beats int64 %)."""
+    return rank_ids(table, n, np.arange(n, dtype=np.int64))
 
 
-def generate_table(rows: int, *, scale: float = 0.01, seed: int = 0, zipf: float = 1.1,
+def generate_table(rows: int, *, scale: float = 0.01, seed: int = 0, zipf: float = DEFAULT_ZIPF,
                    teacher: Teacher = None, stream: int = 0) -> pa.Table:
     """``rows`` synthetic rows in the Criteo schema (:func:`datasets.schema.arrow_schema`).
 
