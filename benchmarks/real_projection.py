@@ -131,19 +131,22 @@ def projection_rows(datasets: Iterable[Dataset] = DATASETS, *, model: str = "emb
 def calibration_rows(records: Iterable[Mapping[str, Any]], exponent: float = DEFAULT_ZIPF) -> List[Dict[str, Any]]:
     """The model at each measured configuration against the bytes the workers counted.
 
-    ``records`` are :mod:`benchmarks.run` records; successful runs of the modes
-    in :data:`MODE_BACKENDS` on two or more workers are used (a record without
-    ``dense_param_bytes`` only for the ``embedding`` model). ``error_pct`` is
-    ``100 * (model - measured) / measured``; ``sampled_bytes_per_sample`` is the
-    exact count on the run's own batches (:mod:`benchmarks.projection`), when the
-    record has it.
+    ``records`` are :mod:`benchmarks.run` records (``worker_batch`` or
+    ``batch_size`` rows per worker, ``spec`` with ``scale`` and ``dim``);
+    successful runs of the modes in :data:`MODE_BACKENDS` on two or more
+    workers are used (a record without ``dense_param_bytes`` only for the
+    ``embedding`` model, whose dense variables are the linear head).
+    ``error_pct`` is ``100 * (model - measured) / measured``;
+    ``sampled_bytes_per_sample`` is the exact count on the run's own batches
+    (:mod:`benchmarks.projection`), when the record has it.
     """
     rows = []
     for record in records:
         backend = MODE_BACKENDS.get(record.get("mode"))
         if record.get("status") != "ok" or backend is None or record.get("workers", 1) < 2:
             continue
-        spec, n, b = record["spec"], record["workers"], record["batch_size"]
+        spec, n = record["spec"], record["workers"]
+        b = int(record.get("worker_batch", record.get("batch_size")))
         if record.get("dense_param_bytes") is None and record["model"] != "embedding":
             continue
         from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
