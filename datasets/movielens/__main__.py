@@ -15,7 +15,8 @@ from datasets.movielens.readers import FORMATS
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m datasets.movielens", description=__doc__)
-    parser.add_argument("src", help="unpacked MovieLens directory (or a tfds name with --format tfds)")
+    parser.add_argument("src", help="unpacked MovieLens directory (or, with --format tfds, a prepared tfds ratings "
+                                    "dataset: movielens/<release>-ratings, e.g. movielens/latest-small-ratings)")
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--format", choices=FORMATS, help="default: detected from the files in SRC")
     parser.add_argument("--split", choices=SPLITS, default="random",

@@ -3,7 +3,7 @@
 Formats: ``100k`` (``u.data`` tab-separated, ``u.user``, ``u.item``), ``1m``
 (``ratings.dat``, ``users.dat``, ``movies.dat`` separated by ``::``) and
 ``csv`` (20M, 25M, latest, latest-small: ``ratings.csv``, ``movies.csv``).
-``tfds`` reads ``movie_lens/*-ratings`` from tensorflow_datasets when it is
+``tfds`` reads ``movielens/*-ratings`` from tensorflow_datasets when it is
 installed and the data is already prepared locally; it never downloads.
 """
 
@@ -160,22 +160,78 @@ def read_csv(path: str) -> Release:
     return Release(ratings, None, items, "csv")
 
 
-def read_tfds(name: str = "movie_lens/100k-ratings", data_dir: Optional[str] = None) -> Release:
-    """``tensorflow_datasets``' ``name`` if installed and already prepared under ``data_dir``; never downloads."""
+TFDS_DEFAULT = "movielens/100k-ratings"
+_TFDS_RATING = ("user_id", "movie_id", "user_rating", "timestamp")
+_TFDS_BATCH = 65536
+
+
+def _tfds_ids(values: np.ndarray, what: str, name: str) -> np.ndarray:
+    """tfds' string ids as the integer ids of the GroupLens files."""
     try:
+        return values.astype(np.int64)
+    except ValueError:
+        raise MovieLensError(f"{name}: {what} ids are not integers, e.g. {values[0]!r}") from None
+
+
+def read_tfds(name: str = TFDS_DEFAULT, data_dir: Optional[str] = None) -> Release:
+    """``tensorflow_datasets``' ratings dataset ``name`` (``movielens/<release>-ratings``), prepared under
+    ``data_dir`` (tfds' default without one); never downloads.
+
+    The ratings come with the integer ids of the GroupLens files, sorted by
+    user, movie and timestamp (the order of ``ratings.csv``; tfds stores them
+    shuffled), so :func:`datasets.movielens.convert` gives what it gives for the
+    same release's files. ``items`` (title, genres) comes from the movie
+    features of the ratings, so it holds the rated movies only; ``users`` is
+    not read (the demographic features of ``100k``/``1m`` are left out).
+    """
+    try:
+        import tensorflow as tf
         import tensorflow_datasets as tfds
     except ImportError:
         raise MovieLensError("tensorflow_datasets is not installed; install the 'tfds' extra "
                              "or read the GroupLens files directly") from None
-    builder = tfds.builder(name, data_dir=data_dir)
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except (tfds.core.DatasetNotFoundError, ValueError) as err:
+        raise MovieLensError(f"{name!r} is not a tensorflow_datasets dataset ({type(err).__name__}); MovieLens "
+                             f"ratings are movielens/<release>-ratings, e.g. {TFDS_DEFAULT}") from None
+    features = builder.info.features
+    missing = [k for k in _TFDS_RATING if k not in features]
+    if missing:
+        raise MovieLensError(f"{name} has no {', '.join(missing)}: read a ratings dataset "
+                             f"(movielens/<release>-ratings, e.g. {TFDS_DEFAULT})")
     if not os.path.isdir(builder.data_dir) or not os.listdir(builder.data_dir):
         raise MovieLensError(f"{name} is not prepared in {builder.data_dir!r}; this reader never downloads")
-    frame = tfds.as_dataframe(builder.as_dataset(split="train", shuffle_files=False))
-    ratings = pd.DataFrame({"user": frame["user_id"].map(lambda b: b.decode()),
-                            "item": frame["movie_id"].map(lambda b: b.decode()),
-                            "rating": frame["user_rating"].astype(np.float32),
-                            "timestamp": frame["timestamp"].astype(np.int64)})
-    return Release(ratings, None, None, "tfds")
+    with_movies = "movie_title" in features and "movie_genres" in features
+
+    def select(example):
+        row = {k: example[k] for k in _TFDS_RATING}
+        if with_movies:  # one string per rating, so that ratings batch into dense arrays
+            row["movie_title"] = example["movie_title"]
+            row["movie_genres"] = tf.strings.reduce_join(tf.strings.as_string(example["movie_genres"]),
+                                                         separator=" ")
+        return row
+
+    dataset = builder.as_dataset(split="train", shuffle_files=False).map(select).batch(_TFDS_BATCH)
+    parts: dict = {}
+    for batch in tfds.as_numpy(dataset):
+        for key, value in batch.items():
+            parts.setdefault(key, []).append(value)
+    if not parts:
+        raise MovieLensError(f"{name} in {builder.data_dir!r} holds no ratings")
+    columns = {key: np.concatenate(value) for key, value in parts.items()}
+    ratings = pd.DataFrame({"user": _tfds_ids(columns["user_id"], "user", name),
+                            "item": _tfds_ids(columns["movie_id"], "movie", name),
+                            "rating": columns["user_rating"].astype(np.float32),
+                            "timestamp": columns["timestamp"].astype(np.int64)})
+    order = np.lexsort((ratings["timestamp"].to_numpy(), ratings["item"].to_numpy(), ratings["user"].to_numpy()))
+    items = None
+    if with_movies:
+        keys, first = np.unique(ratings["item"].to_numpy(), return_index=True)
+        names = features["movie_genres"].feature.names
+        items = pd.DataFrame({"item": keys, "title": [t.decode() for t in columns["movie_title"][first]],
+                              "genres": [[names[int(g)] for g in s.split()] for s in columns["movie_genres"][first]]})
+    return Release(ratings.iloc[order].reset_index(drop=True), None, items, "tfds")
 
 
 def read(path: str, fmt: Optional[str] = None, data_dir: Optional[str] = None) -> Release:
