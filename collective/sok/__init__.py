@@ -7,6 +7,7 @@
                                       slot_num=10, nnz_per_slot=5, use_hashtable=False)
     emb_vars, other_vars = sok.split_embedding_variable_from_others(model.trainable_variables)
     sok.Saver().dump_to_file(layer.embedding_variable, "/path/to/dir")  # restores on any world size
+    model.save_weights(sok.checkpoint_path(prefix))  # every worker; whole tables, restore on any world size
 
 Keys are distributed by ``key % world_size``; each worker holds
 ``max_vocabulary_size_per_gpu`` rows. Works in TF2 eager / ``tf.function``
@@ -15,6 +16,7 @@ and in TF1-style graphs, one process per device under Horovod (start with
 """
 
 from collective.sok import optimizers
+from collective.sok.checkpoint import checkpoint_path
 from collective.sok.embeddings import All2AllDenseEmbedding, DistributedEmbedding
 from collective.sok.init import Init, UnsupportedStrategyError
 from collective.sok.optimizers import LazyAdamOptimizer
@@ -26,5 +28,6 @@ from collective.sok.v2_optimizer import OptimizerWrapper
 from collective.sok.v2_variables import DynamicVariable, Variable, filter_variables, init
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Init", "LazyAdamOptimizer", "OptimizerScope",
-           "Saver", "UnsupportedStrategyError", "optimizers", "split_embedding_variable_from_others",
-           "DynamicVariable", "OptimizerWrapper", "Variable", "dump", "filter_variables", "init", "load", "lookup_sparse"]
+           "Saver", "UnsupportedStrategyError", "checkpoint_path", "optimizers",
+           "split_embedding_variable_from_others", "DynamicVariable", "OptimizerWrapper", "Variable", "dump",
+           "filter_variables", "init", "load", "lookup_sparse"]

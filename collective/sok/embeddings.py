@@ -21,7 +21,8 @@ As in SOK, ``layer.embedding_variable`` exists before the first call (reading
 it builds the table), and it carries SOK's ``m_var_name``:
 ``EmbeddingVariable``, ``EmbeddingVariable_1``, ... in order of layer
 construction (per graph in TF1), the name :class:`collective.sok.Saver`'s
-files take.
+files take. ``tf.train.Checkpoint`` and ``model.save_weights`` save the
+embedding variable as its whole logical table (:mod:`collective.sok.checkpoint`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import tensorflow as tf
 from collective import comm, context
 from collective.embedding import lookup as sharded
 from collective.embedding.table import ShardInfo, shard_initial_value, tag
+from collective.sok.checkpoint import not_saved, save_logical
 from collective.sok.init import refuse_tf_distribute
 
 COMBINERS = ("mean", "sum")
@@ -135,8 +137,12 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
             self._trainable_weights.append(var)
             index = hash_table.table_of(var)
             if isinstance(index, hash_table.HashTable):  # not in an export graph, where it is a lookup table
-                # As attributes, so Keras lists them as non-trainable weights and tf.train.Checkpoint saves them.
-                self.hash_keys, self.hash_rows, self.hash_size = index.variables
+                save_logical(var)
+                # Non-trainable weights that checkpoints do not track: the table's checkpoint holds its keys,
+                # and a restore rebuilds the index from them.
+                state = [not_saved(v) for v in index.variables]
+                self._non_trainable_weights.extend(state)
+                self.__dict__.update(hash_keys=state[0], hash_rows=state[1], hash_size=state[2])
         else:
             info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
                              world_size=ctx.world_size)
@@ -144,10 +150,16 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
             def local_initializer(shape, dtype=None, **_):
                 return shard_initial_value(self.initializer, info, dtype or self.dtype)
 
-            var = self.add_weight(name="embedding_variables", shape=[info.local_rows, info.dim],
-                                  initializer=local_initializer, dtype=self.dtype, trainable=True)
-            name = var.name.split(":")[0]
-            tag(var, ShardInfo(name=name, vocab=vocab, dim=info.dim, rank=ctx.rank, world_size=ctx.world_size))
+            def logical_shard(next_creator, **kwargs):
+                # Tagged and hooked before add_weight tracks it: a pending checkpoint restore runs then.
+                shard = next_creator(**kwargs)
+                tag(shard, ShardInfo(name=shard.name.split(":")[0], vocab=vocab, dim=info.dim, rank=ctx.rank,
+                                     world_size=ctx.world_size))
+                return save_logical(shard)
+
+            with tf.variable_creator_scope(logical_shard):
+                var = self.add_weight(name="embedding_variables", shape=[info.local_rows, info.dim],
+                                      initializer=local_initializer, dtype=self.dtype, trainable=True)
         var.m_var_name, var.m_key_dtype = self.m_var_name, self.key_dtype  # SOK's EmbeddingVariable attributes
         self.embedding_variable = var
         super().build(input_shape)

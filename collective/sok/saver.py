@@ -27,28 +27,17 @@ in ``tf.function``, and in TF1 graphs, where they return a string tensor to
 
 from __future__ import annotations
 
-import logging
-import os
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint.hash_tables import insert_rows
 from collective.embedding.table import ShardInfo, shard_of
+from collective.sok.table_io import (KEYS_SUFFIX, VALUES_SUFFIX, assign_owned, dump_files, held_keys, held_values,
+                                     numpy_call, read_owned, text, to_rank0, write_dump)
 
-logger = logging.getLogger("collective.sok")
-
-KEYS_SUFFIX = "_keys.file"
-VALUES_SUFFIX = "_values.file"
-_KEY_DTYPE = np.dtype("<i8")
-_SOK_UINT32_KEYS = np.dtype("<u4")  # SOK v1 tables with key_dtype uint32 dump 4-byte keys
-
-
-def dump_files(directory: str, name: str) -> Tuple[str, str]:
-    """The keys and values files of the table ``name`` (an ``m_var_name``) in ``directory``."""
-    return os.path.join(directory, name + KEYS_SUFFIX), os.path.join(directory, name + VALUES_SUFFIX)
+__all__ = ["KEYS_SUFFIX", "VALUES_SUFFIX", "Saver", "dump_files", "var_name"]
 
 
 def var_name(embedding_variable: Any) -> str:
@@ -72,32 +61,28 @@ class Saver:
         Returns:
           ``b"OK"`` once worker 0 has written both files (a tensor to run in a graph).
         """
-        info, index = _table(embedding_variable, "dump_to_file")
+        info, _ = _table(embedding_variable, "dump_to_file")
         name = var_name(embedding_variable)
-        if index is None:
-            keys = info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64))
-            values = tf.convert_to_tensor(embedding_variable)
-        else:
-            keys, rows = index.entries()
-            values = tf.gather(embedding_variable, rows)
-        keys, values = _to_rank0(keys), _to_rank0(values)
+        keys, rows = held_keys(info)
+        keys, values = to_rank0(keys), to_rank0(held_values(embedding_variable, rows))
         is_writer = comm.rank() == 0
 
         def write(directory, keys, values):
             if not is_writer:
                 return np.int64(0), b""
             try:
-                _write_dump(_text(directory), name, keys, values)
+                write_dump(text(directory), name, keys, values)
             except OSError as err:
                 return np.int64(1), f"{type(err).__name__}: {err}".encode()
             return np.int64(0), b""
 
-        failed, message = _py(write, [tf.convert_to_tensor(filepath, tf.string), keys, values], [tf.int64, tf.string])
+        failed, message = numpy_call(write, [tf.convert_to_tensor(filepath, tf.string), keys, values],
+                                     [tf.int64, tf.string])
         failed = comm.allreduce(tf.reshape(failed, [1]), "sum")[0] if comm.world_size() > 1 else failed
         if tf.executing_eagerly():
             if int(failed):
                 raise OSError(f"sok.Saver.dump_to_file: worker 0 could not write the dump of {name} into "
-                              f"{_text(filepath)}: {_text(message.numpy()) or 'see worker 0'}")
+                              f"{text(filepath)}: {text(message.numpy()) or 'see worker 0'}")
             return tf.constant(b"OK")
         check = tf.debugging.Assert(
             tf.equal(failed, 0),
@@ -120,10 +105,10 @@ class Saver:
         rows = None if index is not None else info.vocab
 
         def read(directory):
-            return _read_owned(_text(directory), name, info, dtype.as_numpy_dtype, rows, key_dtype)
+            return read_owned(text(directory), name, info, dtype.as_numpy_dtype, rows, key_dtype)
 
-        keys, values = _py(read, [tf.convert_to_tensor(filepath, tf.string)], [tf.int64, dtype])
-        return _assign(embedding_variable, info, index, keys, values)
+        keys, values = numpy_call(read, [tf.convert_to_tensor(filepath, tf.string)], [tf.int64, dtype])
+        return _assign(embedding_variable, info, keys, values)
 
     def load_embedding_values(self, embedding_variable, tensors) -> tf.Tensor:
         """Sets the table of ``embedding_variable`` from ``tensors``: row ``i`` is key ``i``.
@@ -158,7 +143,7 @@ class Saver:
         with tf.control_dependencies(checks):
             keys = tf.range(count, dtype=tf.int64)
         mine = info.layout.owns(keys)
-        return _assign(embedding_variable, info, index, tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine))
+        return _assign(embedding_variable, info, tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine))
 
 
 # ---------------------------------------------------------------- helpers
@@ -173,80 +158,6 @@ def _table(embedding_variable, method: str) -> Tuple[ShardInfo, Optional[Any]]:
     if index is not None and not hasattr(index, "clear"):
         raise TypeError(f"sok.Saver.{method}: {info.name} is an export-mode table (read-only)")
     return info, index
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _py(fn, inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType]):
-    """``fn`` on numpy values: called directly eagerly (its exceptions propagate), else ``tf.numpy_function``."""
-    if tf.executing_eagerly():
-        return [tf.convert_to_tensor(v, d) for v, d in zip(fn(*[t.numpy() for t in inputs]), dtypes)]
-    return tf.numpy_function(fn, list(inputs), list(dtypes), stateful=True)
-
-
-def _to_rank0(tensor: tf.Tensor) -> tf.Tensor:
-    """Every worker's rows of ``tensor``, concatenated in rank order, on worker 0 (others get none)."""
-    n = comm.world_size()
-    if n == 1:
-        return tensor
-    count = tf.shape(tensor)[:1]
-    return comm.alltoall(tensor, tf.concat([count, tf.zeros([n - 1], tf.int32)], axis=0))[0]
-
-
-def _write_dump(directory: str, name: str, keys: np.ndarray, values: np.ndarray) -> None:
-    """Writes the keys (ascending) and their values, each file to a temporary name first, then renamed."""
-    os.makedirs(directory, exist_ok=True)
-    order = np.argsort(keys, kind="stable")
-    values = np.asarray(values)
-    for path, data in zip(dump_files(directory, name),
-                          (keys[order].astype(_KEY_DTYPE), values[order].astype(values.dtype.newbyteorder("<")))):
-        temporary = f"{path}.tmp{os.getpid()}"
-        with open(temporary, "wb") as out:
-            out.write(np.ascontiguousarray(data).tobytes())
-        os.replace(temporary, path)
-    logger.info("sok.Saver: dumped %d keys of %s into %s", len(keys), name, directory)
-
-
-def _read_owned(directory: str, name: str, info: ShardInfo, value_dtype, rows: Optional[int],
-                key_dtype: str) -> Tuple[np.ndarray, np.ndarray]:
-    """The dumped keys this worker owns and their vectors, checked against the table; errors name both."""
-    keys_path, values_path = dump_files(directory, name)
-    where = f"sok.Saver.restore_from_file({name})"
-    for path in (keys_path, values_path):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{where}: {path} does not exist; was {name} dumped into {directory} "
-                                    "(sok.Saver.dump_to_file)?")
-    value_dtype = np.dtype(value_dtype).newbyteorder("<")
-    key_bytes, value_bytes = os.path.getsize(keys_path), os.path.getsize(values_path)
-    row_bytes = value_dtype.itemsize * info.dim
-    if value_bytes % row_bytes:
-        raise ValueError(f"{where}: {values_path} holds {value_bytes} bytes, not whole rows of "
-                         f"embedding_vec_size={info.dim} {value_dtype.name} values; was it dumped from a table "
-                         "of another embedding_vec_size or dtype?")
-    count = value_bytes // row_bytes
-    file_keys = _KEY_DTYPE
-    if key_bytes != count * _KEY_DTYPE.itemsize:
-        if key_dtype == "int32" and key_bytes == count * _SOK_UINT32_KEYS.itemsize:
-            file_keys = _SOK_UINT32_KEYS
-        else:
-            held = key_bytes / _KEY_DTYPE.itemsize
-            raise ValueError(f"{where}: {keys_path} holds {held:g} keys but {values_path} holds {count} rows of "
-                             f"embedding_vec_size={info.dim} {value_dtype.name}; "
-                             f"it was dumped from a table with {value_bytes / max(held, 1) / value_dtype.itemsize:g}"
-                             " values per key (another embedding_vec_size or dtype) or the files are damaged")
-    keys = np.fromfile(keys_path, dtype=file_keys).astype(np.int64)
-    if np.unique(keys).size != keys.size:
-        raise ValueError(f"{where}: {keys_path} repeats keys; it is not a dump of one table")
-    if rows is not None and keys.size and (keys.min() < 0 or keys.max() >= rows):
-        bad = keys[(keys < 0) | (keys >= rows)][0]
-        raise ValueError(f"{where}: {keys_path} holds key {bad}, outside this table's rows [0, {rows}) "
-                         f"(max_vocabulary_size_per_gpu * {info.world_size} workers); raise "
-                         "max_vocabulary_size_per_gpu so that the logical table holds the dumped one")
-    mine = np.flatnonzero(np.mod(keys, info.world_size) == info.rank) if info.layout.sharded else np.arange(keys.size)
-    values = np.memmap(values_path, dtype=value_dtype, mode="r", shape=(count, info.dim))
-    return keys[mine], np.asarray(values[mine]).astype(value_dtype.newbyteorder("="))
 
 
 def _as_tensor(value, dtype: tf.DType, name: str) -> tf.Tensor:
@@ -272,18 +183,9 @@ def _check_static_shape(values: tf.Tensor, info: ShardInfo, fixed_rows: bool, na
                          f"{info.world_size} workers)")
 
 
-def _assign(var: tf.Variable, info: ShardInfo, index, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """Writes this worker's ``keys`` (which it owns) with ``values``; a hash table is emptied first."""
-    keys = tf.reshape(keys, [-1])
-    values = tf.reshape(values, [-1, info.dim])
-    if index is None:
-        done = var.scatter_update(tf.IndexedSlices(values, info.layout.local_row(keys)))
-    elif tf.executing_eagerly():
-        index.clear()
-        done = insert_rows(index, [var], keys, [values])
-    else:
-        with tf.control_dependencies([index.clear()]):
-            done = insert_rows(index, [var], keys, [values])
+def _assign(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """Writes this worker's ``keys`` (which it owns) with ``values``; ``b"OK"`` once done (a tensor in a graph)."""
+    done = assign_owned([var], info, keys, [values])
     if tf.executing_eagerly():
         return tf.constant(b"OK")
     with tf.control_dependencies([done]):

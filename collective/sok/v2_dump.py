@@ -1,7 +1,7 @@
 """SOK v2's ``sok.dump`` and ``sok.load``: whole logical tables with their optimizer slots, N -> M.
 
-Files use :mod:`collective.sok.saver`'s format: for a variable named ``NAME``
-(``/`` as ``_``), ``NAME_keys.file`` and ``NAME_values.file``, and per
+Files use :mod:`collective.sok.saver`'s format (:mod:`collective.sok.table_io`):
+for a variable named ``NAME`` (``/`` as ``_``), ``NAME_keys.file`` and ``NAME_values.file``, and per
 optimizer slot ``S`` ``NAME-S_keys.file`` / ``NAME-S_values.file`` (the same
 keys, the slot's rows). Worker 0 writes; every worker reads the keys it owns
 under its own world size, so a dump from N workers loads on M.
@@ -16,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint.hash_tables import insert_rows
 from collective.embedding.table import ShardInfo, shard_of
-from collective.sok.saver import _py, _read_owned, _text, _to_rank0, _write_dump
+from collective.sok.table_io import (assign_owned, held_keys, held_values, numpy_call, read_owned, text, to_rank0,
+                                     write_dump)
 from collective.sok.v2_optimizer import OptimizerWrapper
 
 
@@ -48,23 +48,19 @@ def dump(path: str, sok_vars: Sequence, optimizer=None):
     """
     ops = []
     for var in _check(sok_vars, "sok.dump"):
-        info = shard_of(var)
-        if info.hash_index is None:
-            keys, rows = info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64)), None
-        else:
-            keys, rows = info.hash_index.entries()
+        keys, rows = held_keys(shard_of(var))
         tables = {"": var, **{f"-{s}": slot for s, slot in _slots(var, optimizer).items()}}
-        keys0 = _to_rank0(keys)
+        keys0 = to_rank0(keys)
         for suffix, table in tables.items():
-            values = tf.convert_to_tensor(table) if rows is None else tf.gather(table, rows)
             name = _file_name(var) + suffix
 
             def write(directory, k, v, name=name):
                 if comm.rank() == 0:
-                    _write_dump(_text(directory), name, k, v)
+                    write_dump(text(directory), name, k, v)
                 return (np.int64(0),)
 
-            ops.append(_py(write, [tf.convert_to_tensor(path, tf.string), keys0, _to_rank0(values)], [tf.int64])[0])
+            values0 = to_rank0(held_values(table, rows))
+            ops.append(numpy_call(write, [tf.convert_to_tensor(path, tf.string), keys0, values0], [tf.int64])[0])
     done = comm.allreduce(tf.reshape(tf.add_n(ops), [1]), "sum") if comm.world_size() > 1 else tf.add_n(ops)
     return None if tf.executing_eagerly() else tf.group(done)
 
@@ -77,20 +73,11 @@ def _load_one(path, var, info: ShardInfo, slots: Dict[str, tf.Variable]):
     key_dtype = tf.as_dtype(getattr(var, "m_key_dtype", tf.int64)).name
 
     def read(directory):
-        parts = [_read_owned(_text(directory), n, info, dtype.as_numpy_dtype, rows, key_dtype) for n in names]
+        parts = [read_owned(text(directory), n, info, dtype.as_numpy_dtype, rows, key_dtype) for n in names]
         return [parts[0][0]] + [p[1] for p in parts]
 
-    out = _py(read, [tf.convert_to_tensor(path, tf.string)], [tf.int64] + [dtype] * len(tables))
-    keys = tf.reshape(out[0], [-1])
-    values = [tf.reshape(v, [-1, info.dim]) for v in out[1:]]
-    if info.hash_index is None:
-        local = info.layout.local_row(keys)
-        return [t.scatter_update(tf.IndexedSlices(v, local)) for t, v in zip(tables, values)]
-    if tf.executing_eagerly():
-        info.hash_index.clear()
-        return [insert_rows(info.hash_index, tables, keys, values)]
-    with tf.control_dependencies([info.hash_index.clear()]):
-        return [insert_rows(info.hash_index, tables, keys, values)]
+    out = numpy_call(read, [tf.convert_to_tensor(path, tf.string)], [tf.int64] + [dtype] * len(tables))
+    return assign_owned(tables, info, out[0], out[1:])
 
 
 def load(path: str, sok_vars: Sequence, optimizer=None):
@@ -106,7 +93,7 @@ def load(path: str, sok_vars: Sequence, optimizer=None):
         if optimizer is not None and not slots and _needs_slots(optimizer):
             raise ValueError(f"sok.load: the optimizer has no slots for '{var.name}' yet; build them first "
                              "(optimizer.build(variables) for a Keras optimizer)")
-        ops.extend(_load_one(path, var, shard_of(var), slots))
+        ops.append(_load_one(path, var, shard_of(var), slots))
     return None if tf.executing_eagerly() else tf.group(ops)
 
 

@@ -5,7 +5,8 @@ A ``sok.Variable`` is one logical ``[rows, dim]`` table laid out by
 ``i % N``); the returned object is this worker's local ``tf.Variable`` tagged
 with its :class:`~collective.embedding.table.ShardInfo`. A
 ``sok.DynamicVariable`` is a hash-table vocabulary
-(:func:`collective.embedding.hash_table.hash_embedding_variable`).
+(:func:`collective.embedding.hash_table.hash_embedding_variable`). Both
+checkpoint as whole logical tables (:mod:`collective.sok.checkpoint`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tensorflow as tf
 from collective import comm, context
 from collective.embedding import hash_table
 from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
+from collective.sok.checkpoint import not_saved, save_logical
 from collective.sok.init import refuse_tf_distribute
 
 DEFAULT_CAPACITY = 1 << 16
@@ -90,8 +92,8 @@ def Variable(initial_value=None, shape=None, initializer=None, dtype=None, name:
     else:
         var = tf.compat.v1.get_variable(name, initializer=local, trainable=trainable, dtype=dtype,
                                         use_resource=True)
-    return tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim, rank=ctx.rank,
-                              world_size=ctx.world_size))
+    return save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
+                                           rank=ctx.rank, world_size=ctx.world_size)))
 
 
 def _dynamic_initializer(value, name: str):
@@ -134,6 +136,11 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
                                                  _dynamic_initializer(initializer, name), dtype=dtype,
                                                  key_dtype=key_type)
     var.m_key_dtype = tf.as_dtype(key_type)
+    index = hash_table.table_of(var)
+    if isinstance(index, hash_table.HashTable):  # not in an export graph
+        for state in index.variables:
+            not_saved(state)
+        save_logical(var)
     return var
 
 
