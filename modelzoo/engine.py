@@ -249,7 +249,10 @@ class EstimatorEngine:
     """Runs a ``model_fn`` through ``strategy.estimator(...)`` (:mod:`collective.estimator`).
 
     Training writes checkpoints to ``model_dir`` (every ``save_checkpoints_steps``
-    steps and at the end) and resumes from one found there; Estimator writes
+    steps and at the end) and resumes from one found there up to ``max_steps``
+    global steps. The input resumes too: each worker skips the batches of the
+    steps the checkpoint holds, so a run stopped and started again with more
+    ``max_steps`` trains what one uninterrupted run trains. Estimator writes
     the ``loss`` and evaluation events, :class:`modelzoo.summaries.SamplesPerSecondHook`
     adds ``samples/s``. Evaluation uses the Estimator's global
     ``eval_metric_ops`` (AUC from thresholds, so it differs slightly from
@@ -283,7 +286,8 @@ class EstimatorEngine:
             if self.strategy.rank() == 0 and self.save_summary_steps:
                 train_hooks.append(summaries.SamplesPerSecondHook(self.model_dir, global_batch,
                                                                   self.save_summary_steps))
-            estimator.train(lambda: train_input_fn(), max_steps=max_steps, hooks=train_hooks)
+            estimator.train(_resumed_input_fn(train_input_fn, _checkpoint_step(self.model_dir)), max_steps=max_steps,
+                            hooks=train_hooks)
             metrics: Dict[str, float] = {}
             if eval_input_fn is not None:
                 result = estimator.evaluate(lambda: eval_input_fn(), steps=eval_steps or None)
@@ -303,6 +307,22 @@ class EstimatorEngine:
                          samples / seconds if seconds else float("nan"), bytes_per_sample(sent, samples),
                          metrics, export_path,
                          losses=[(s, by_step[s]["loss"]) for s in sorted(by_step) if "loss" in by_step[s]])
+
+
+def _checkpoint_step(model_dir: str) -> int:
+    """The global step of the latest checkpoint in ``model_dir``; 0 without one."""
+    latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+    return int(tf.train.load_checkpoint(latest).get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP)) if latest else 0
+
+
+def _resumed_input_fn(input_fn: Callable[[], tf.data.Dataset], step: int) -> Callable[[], tf.data.Dataset]:
+    """``input_fn`` without the batches of the first ``step`` steps, which a checkpoint at ``step`` has
+    trained on: each step takes one batch of every worker's (endless) share, so a resumed run reads the
+    batches an uninterrupted run reads next. The skipped batches are read and dropped."""
+    if step:
+        logger.info("resuming at global step %d: skipping the %d batches of this worker's input trained on "
+                    "before", step, step)
+    return lambda: input_fn().skip(step) if step else input_fn()
 
 
 def _trained_loss() -> tf.Tensor:

@@ -1,7 +1,7 @@
 """The model zoo: each recipe trains on 1 and 2 workers with each backend, evaluates, exports a SavedModel
 that plain TensorFlow serves (with tf.estimator's head signatures, from raw tensors or serialized tf.Example),
 writes checkpoints and TensorBoard events to its model_dir on both engines, and matches the plain
-single-process TensorFlow baseline."""
+single-process TensorFlow baseline; the estimator engine resumes a stopped run where it stopped."""
 
 import glob
 import json
@@ -66,8 +66,8 @@ def zoo(tmp_path_factory):
     _write_criteo(criteo)
     _write_movielens(ml)
     run_workers("modelzoo_worker.py", 1, [out, criteo, ml, "plain", "hb+export"], timeout=1500)
-    run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export+example", "hb+estimator"],
-                timeout=1500)
+    run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export+example", "hb+estimator",
+                                          "hb+estimator+resume+export"], timeout=1500)
     results = {}
     for model in MODELS:
         for backend, n in RUNS:
@@ -201,6 +201,57 @@ def test_model_dir_holds_checkpoints_and_events(zoo, model, engine):
         if name in metrics:
             assert evaluation[name] == {8: pytest.approx(metrics[name], rel=1e-6)}, name
     assert ("rmse" if model == "movielens" else "auc") in evaluation
+
+
+def _checkpoint_values(path):
+    """{name: value} of every variable in the checkpoint (or SavedModel variables) at ``path``."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def test_estimator_engine_resumes_where_it_stopped(zoo):
+    """--engine estimator run for 4 steps, then the same command with --steps 8 in its model_dir: training
+    goes on from global step 4 with the input where it stopped (regression: it read the first batches
+    again) and ends with the weights, optimizer slots, metrics and events of one uninterrupted 8-step run;
+    the resumed run evaluates and exports its step-8 weights."""
+    out = zoo["out"]
+    resumed_dir, whole_dir = out / "dlrm-hb-est-resume-n2", out / "dlrm-hb-est-n2"
+    first = json.loads((out / "dlrm-hb-est-resume-n2-first.json").read_text())
+    resumed = json.loads((out / "dlrm-hb-est-resume-n2.json").read_text())
+    whole = json.loads((whole_dir / "metrics.json").read_text())
+    assert first["steps"] == 4 and resumed["steps"] == 8
+    assert json.loads((resumed_dir / "metrics.json").read_text()) == resumed
+
+    at4, at8 = _checkpoint_values(resumed_dir / "model.ckpt-4"), _checkpoint_values(resumed_dir / "model.ckpt-8")
+    reference = _checkpoint_values(whole_dir / "model.ckpt-8")
+    assert int(at4["global_step"]) == 4 and int(at8["global_step"]) == 8
+    assert sorted(at8) == sorted(reference)
+    meta = json.loads((zoo["criteo"] / "meta.json").read_text())
+    for i, size in enumerate(meta["cardinalities"]):  # whole logical tables and their Adagrad accumulators
+        assert at8[f"embedding/C{i + 1}"].shape == at8[f"embedding/C{i + 1}/Adagrad"].shape == (size, 4)
+    assert any(name.startswith("top_mlp/") for name in at8) and any(name.startswith("bottom_mlp/") for name in at8)
+    for name, want in reference.items():
+        np.testing.assert_allclose(at8[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert not np.allclose(at4["top_mlp/dense_0/kernel"], at8["top_mlp/dense_0/kernel"]), "steps 5-8 trained"
+
+    for name in ("auc", "loss", "train_loss"):
+        assert resumed[name] == pytest.approx(whole[name], rel=1e-6, abs=1e-7), name
+    train, _ = _scalars(str(resumed_dir))  # a restart at step 0 would write the loss of step 1 twice
+    whole_train, _ = _scalars(str(whole_dir))
+    assert train["loss"] == pytest.approx(whole_train["loss"], rel=1e-6) and set(train["loss"]) == {1, 5}
+    evaluation, _ = _scalars(str(resumed_dir / "eval"))
+    assert set(evaluation["auc"]) == {4, 8}, evaluation["auc"]
+    assert evaluation["auc"][4] == pytest.approx(first["auc"], rel=1e-6)
+    assert evaluation["auc"][8] == pytest.approx(resumed["auc"], rel=1e-6)
+
+    assert first["export_path"] != resumed["export_path"]
+    assert os.path.dirname(resumed["export_path"]) == str(resumed_dir / "export")
+    exported = _checkpoint_values(os.path.join(resumed["export_path"], "variables", "variables"))
+    assert int(exported["global_step"]) == 8 and "embedding/C1" in exported
+    for name, value in exported.items():
+        np.testing.assert_array_equal(value, at8[name], err_msg=name)
 
 
 def test_exact_auc_against_pairs():

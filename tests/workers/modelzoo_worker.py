@@ -1,10 +1,12 @@
 """Runs every model-zoo recipe on tiny layers for each backend; rank 0 writes <model>-<backend>-n<N>.npz.
 
 argv: out_dir criteo_dir movielens_dir token [token ...]
-  token: backend[+export][+example] or backend+estimator.
+  token: backend[+export][+example] or backend+estimator[+resume][+export].
   backend: hb, sok or plain (the TensorFlow baseline); "+export" also exports a SavedModel (raw feature
   inputs; with "+example" serialized tf.Example inputs, and the same checkpoint once more with raw inputs
   under MODEL_DIR/export_raw). "+estimator" trains DLRM alone with --engine estimator (<dlrm>-<backend>-est-n<N>).
+  "+resume" (with "+estimator") runs the command with --steps 4, then the same command again with --steps 8
+  in the same model_dir (<dlrm>-<backend>-est-resume-n<N>; the first run's metrics in ...-first.json).
 Every run saves its last checkpoint; the sok and estimator runs (whose model dirs the tests read) also save
 one every 4 of the 8 steps and write events every 4 steps.
 """
@@ -47,7 +49,9 @@ for token in tokens:
     for name, (recipe, flags) in MODELS.items():
         if estimator and name != "dlrm":
             continue
-        model_dir = os.path.join(out_dir, f"{name}-{backend}-{'est-' if estimator else ''}n{n}")
+        resume = "resume" in options
+        model_dir = os.path.join(out_dir, f"{name}-{backend}-{'est-' if estimator else ''}"
+                                          f"{'resume-' if resume else ''}n{n}")
         backend_flags = ["--plain"] if backend == "plain" else ["--backend", backend]
         export_flags = [] if "export" in options else ["--export_dir", "none"]
         if "example" in options:
@@ -55,8 +59,13 @@ for token in tokens:
         engine_flags = ["--engine", "estimator"] if estimator else []
         if estimator or backend == "sok":
             engine_flags += EVERY_4
-        args = runner.parse(recipe, COMMON + flags + backend_flags + export_flags + engine_flags
-                            + ["--model_dir", model_dir])
+        argv = COMMON + flags + backend_flags + export_flags + engine_flags + ["--model_dir", model_dir]
+        if resume:  # the same command, first with half the steps: the second run resumes from its checkpoint
+            first = runner.run(recipe, runner.parse(recipe, argv + ["--steps", "4"]))
+            if rank == 0:
+                with open(model_dir + "-first.json", "w") as f:
+                    json.dump(first, f)
+        args = runner.parse(recipe, argv)
         metrics = runner.run(recipe, args, keep_predictions=not estimator)
         predictions = metrics.pop("_predictions", None) or {}
         if "example" in options:
