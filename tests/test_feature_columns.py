@@ -71,4 +71,4 @@ def test_each_input_layer_is_one_grouped_exchange(columns_run):
                 assert ops.pop("Broadcast", 0) >= 1, (case, ops)
                 assert ops == {"Allgather": 2 * groups}, (case, ops)
             else:
-                assert ops == {"Allgather": 2, "Reducescatter": 1}, (case, ops)
+                assert ops == {"Allgather": 1, "Alltoall": 1}, (case, ops)

@@ -85,10 +85,10 @@ def test_one_exchange_per_group(grouped_run):
             assert ops == {"HorovodAllgather": 4, "HorovodBroadcast": 4}, ops
             assert ungrouped == {"HorovodAllgather": 8, "HorovodBroadcast": 4}, ungrouped
         else:
-            # Batch sizes, then (id, sample, table, weight) for every table; one reduce-scatter for all dims.
-            # One table alone is a group of one: the same two allgathers and one reduce-scatter.
-            assert ops == {"HorovodAllgather": 2, "HorovodReducescatter": 1}, ops
-            assert ungrouped == {"HorovodAllgather": 2 * 4, "HorovodReducescatter": 4}, ungrouped
+            # (id, sample, weight) for every table in one allgather, the partial sums of all dims in one alltoall.
+            # One table alone is a group of one: the same allgather and alltoall.
+            assert ops == {"HorovodAllgather": 1, "HorovodAlltoall": 1}, ops
+            assert ungrouped == {"HorovodAllgather": 4, "HorovodAlltoall": 4}, ungrouped
         if n > 1:
             assert res[r]["grouped_bytes"] > 0
 

@@ -26,10 +26,13 @@ def check_combiner(combiner: str, table: str) -> str:
     return combiner
 
 
-def normaliser(weights: tf.Tensor, segments: tf.Tensor, num_segments, combiner: str) -> Optional[tf.Tensor]:
-    """The per-segment divisor of ``combiner`` (None for ``sum``)."""
+def normaliser(weights: Optional[tf.Tensor], segments: tf.Tensor, num_segments, combiner: str,
+               dtype: tf.DType = tf.float32) -> Optional[tf.Tensor]:
+    """The per-segment divisor of ``combiner`` (None for ``sum``); ``weights`` None: ones of ``dtype``."""
     if combiner == "sum":
         return None
+    if weights is None:
+        weights = tf.ones_like(segments, dtype=dtype)
     if combiner == "mean":
         return tf.math.unsorted_segment_sum(weights, segments, num_segments)
     return tf.sqrt(tf.math.unsorted_segment_sum(tf.square(weights), segments, num_segments))
@@ -40,10 +43,27 @@ def normalise(summed: tf.Tensor, norm: Optional[tf.Tensor]) -> tf.Tensor:
     return summed if norm is None else tf.math.divide_no_nan(summed, norm[:, None])
 
 
-def combine(vectors: tf.Tensor, weights: tf.Tensor, segments: tf.Tensor, num_segments, combiner: str) -> tf.Tensor:
+def segment_sum(data: tf.Tensor, segments: tf.Tensor, num_segments) -> tf.Tensor:
+    """``tf.math.unsorted_segment_sum`` for segment ids in ``[0, num_segments)``, whose gradient is one gather.
+
+    TensorFlow's own gradient also masks out negative segment ids (a select
+    and a zeros tensor of the data's size); lookups never have any.
+    """
+    @tf.custom_gradient
+    def summed(values):
+        def grad(upstream):
+            return tf.gather(tf.convert_to_tensor(upstream), segments)
+
+        return tf.math.unsorted_segment_sum(values, segments, num_segments), grad
+
+    return summed(data)
+
+
+def combine(vectors: tf.Tensor, weights: Optional[tf.Tensor], segments: tf.Tensor, num_segments,
+            combiner: str) -> tf.Tensor:
     """``[num_segments, dim]``: ``combiner`` over ``vectors * weights`` grouped by ``segments``."""
-    summed = tf.math.unsorted_segment_sum(vectors * weights[:, None], segments, num_segments)
-    return normalise(summed, normaliser(weights, segments, num_segments, combiner))
+    summed = segment_sum(vectors if weights is None else vectors * weights[:, None], segments, num_segments)
+    return normalise(summed, normaliser(weights, segments, num_segments, combiner, vectors.dtype))
 
 
 def pad_rows(vectors: tf.Tensor, rows) -> tf.Tensor:

@@ -63,9 +63,13 @@ class Prepared:
     req: Request
     ids: tf.Tensor                           # 1-D int64, checked against the table's vocabulary
     segments: Optional[tf.Tensor] = None     # int64, combined requests only
-    weights: Optional[tf.Tensor] = None      # the table's dtype, combined requests only
+    weights: Optional[tf.Tensor] = None      # the table's dtype; None: every weight is 1
     num_segments: Optional[tf.Tensor] = None  # int64 scalar, combined requests only
-    weighted: bool = False                   # the caller gave weights (they may need a gradient)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the caller gave weights (they may need a gradient)."""
+        return self.weights is not None
 
     @property
     def info(self) -> ShardInfo:
@@ -79,20 +83,27 @@ class Prepared:
 def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     """``ids`` as int64, with an assertion that names the table when one is out of range.
 
-    Hash-table vocabularies take every int64 key: nothing to check.
+    Hash-table vocabularies take every int64 key: nothing to check. The
+    check itself is two reductions; the offending ids are only looked for
+    when it fails.
     """
     ids = tf.cast(ids, tf.int64)
     if info.hash_index is not None:
         return ids
-    valid = tf.logical_and(ids >= 0, ids < info.vocab)
-    bad = tf.boolean_mask(ids, tf.logical_not(valid))
-    check = tf.debugging.Assert(
-        tf.reduce_all(valid),
-        [f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): "
-         "fix the feature that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the "
-         "ids before the lookup. First offending ids:", bad[:10]],
-        summarize=10)
-    with tf.control_dependencies([check]):
+    valid = tf.logical_and(tf.reduce_min(ids) >= 0, tf.reduce_max(ids) < info.vocab)
+
+    def fail() -> tf.Tensor:
+        bad = tf.boolean_mask(ids, tf.logical_or(ids < 0, ids >= info.vocab))
+        check = tf.debugging.Assert(
+            False,
+            [f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): "
+             "fix the feature that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the "
+             "ids before the lookup. First offending ids:", bad[:10]],
+            summarize=10)
+        with tf.control_dependencies([check]):
+            return tf.identity(valid)
+
+    with tf.control_dependencies([tf.cond(valid, lambda: valid, fail)]):
         return tf.identity(ids)
 
 
@@ -104,12 +115,12 @@ def prepare(req: Request) -> Prepared:
     ids = checked_ids(req.ids, req.info)
     segments = tf.cast(req.segments, tf.int64)
     dtype = req.table.dtype.base_dtype
-    weights = tf.ones_like(ids, dtype=dtype) if req.weights is None else tf.cast(req.weights, dtype)
+    weights = None if req.weights is None else tf.cast(req.weights, dtype)
     if req.num_segments is None:
         num_segments = tf.reduce_max(tf.concat([segments, [-1]], axis=0)) + 1
     else:
         num_segments = tf.cast(req.num_segments, tf.int64)
-    return Prepared(req, ids, segments, weights, num_segments, weighted=req.weights is not None)
+    return Prepared(req, ids, segments, weights, num_segments)
 
 
 def owned_rows(p: Prepared, ids: tf.Tensor) -> tf.Tensor:
@@ -138,6 +149,8 @@ def tagged_keys(group: Sequence[Prepared]) -> tf.Tensor:
     Requests of hash-table vocabularies (any int64 key) travel in groups of one, where this is ``id``.
     """
     count = len(group)
+    if count == 1:
+        return group[0].ids
     return tf.concat([p.ids * count + t for t, p in enumerate(group)], axis=0)
 
 
@@ -146,13 +159,10 @@ def rows_of_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
     count = len(group)
     if count == 1:
         return owned_rows(group[0], keys)
-    ids, which = keys // count, tf.cast(keys % count, tf.int32)
-    positions, parts = [], []
-    for t, p in enumerate(group):
-        at = tf.cast(tf.reshape(tf.where(tf.equal(which, t)), [-1]), tf.int32)
-        positions.append(at)
-        parts.append(owned_rows(p, tf.gather(ids, at)))
-    return tf.dynamic_stitch(positions, parts)
+    which = tf.cast(keys % count, tf.int32)
+    positions = tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), which, count)
+    ids = tf.dynamic_partition(keys // count, which, count)
+    return tf.dynamic_stitch(positions, [owned_rows(p, i) for p, i in zip(group, ids)])
 
 
 def split_by_request(vectors: tf.Tensor, group: Sequence[Prepared]) -> List[tf.Tensor]:
@@ -173,15 +183,16 @@ def fetch_from_owners(group: Sequence[Prepared], dedup: bool) -> List[tf.Tensor]
     keys = tagged_keys(group)
     if dedup:
         keys, index = tf.unique(keys, out_idx=tf.int32)
-    owner = group[0].info.layout.owner(keys // len(group))
-    order = tf.argsort(owner, stable=True)
+    owner = group[0].info.layout.owner(keys // len(group) if len(group) > 1 else keys)
+    # A stable sort by owner: the positions of each owner's keys, owners in rank order.
+    order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), owner, n), axis=0)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
     received, received_splits = comm.alltoall(tf.gather(keys, order), splits)
     returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
-    vectors = tf.gather(returned, tf.math.invert_permutation(order))
+    back = tf.math.invert_permutation(order)
     if dedup:
-        vectors = tf.gather(vectors, index)
-    return split_by_request(vectors, group)
+        back = tf.gather(back, index)
+    return split_by_request(tf.gather(returned, back), group)
 
 
 class Exchange(abc.ABC):
