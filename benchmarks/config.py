@@ -7,37 +7,61 @@ import os
 from typing import Any, Dict, List
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-BACKENDS = ("hb", "sok")
-BASELINES = ("tf_single", "hvd_replicated")
+BACKENDS = ("hb", "sok", "replicated")
+BASELINES = ("estimator", "tf_mts", "hvd_dp")
+SINGLE_PROCESS = ("estimator", "tf_mts")  # one TensorFlow process: N = 1 only
 
 DEFAULTS: Dict[str, Any] = {
     "description": "",
-    "models": ["embedding"],
-    "backends": list(BACKENDS),
-    "baselines": list(BASELINES),
-    "workers": [1, 2],
-    "baseline_workers": None,  # worker counts of hvd_replicated; None: the same as "workers"
-    "batch_sizes": [512],
+    "models": ["dlrm", "deepfm"],
+    # mode -> the worker counts it runs at
+    "modes": {"estimator": [1], "tf_mts": [1], "hvd_dp": [1, 2], "replicated": [2], "hb": [1, 2], "sok": [1, 2]},
+    # model -> its own "modes", replacing the above for that model
+    "model_modes": {},
+    "global_batch": [4096],  # rows per step over all workers; each of N workers reads global_batch // N
     "warmup": 5,
     "steps": 20,
     "repeats": 3,
     "dim": 16,
     "scale": 0.01,
+    "api": "feature_columns",
+    "bottom_mlp": [64, 32],  # hidden layers; DLRM's last bottom layer is the embedding dim
+    "top_mlp": [64, 32],  # hidden layers; DLRM's last top layer is the logit
+    "dnn": [64, 32],  # DeepFM's hidden layers
     "learning_rate": 0.05,
     "seed": 1,
-    "train_batches": 8,
-    "eval_rows": 20000,
+    "train_batches": 8,  # distinct global batches in the Parquet data; runs read them repeatedly
     "timeout_s": 900,  # per run
     # One launch per worker count running its runs one after another (fast,
     # for tests; peak memory is then the process's peak so far).
     "share_launch": False,
     "projection": {"batch_size": 512, "max_workers": 1024, "batches": 2, "movielens": True},
+    "reader": False,  # measure the Parquet reader's rows/s on one core (benchmarks.data)
     "note": "",
 }
 
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names the file."""
+
+
+def _check_modes(path: str, where: str, modes: Any) -> None:
+    if not isinstance(modes, dict) or not modes:
+        raise ConfigError(f"{path}: {where} must map mode names to lists of worker counts, got {modes!r}")
+    bad = [m for m in modes if m not in BACKENDS + BASELINES]
+    if bad:
+        raise ConfigError(f"{path}: {where}: modes {bad} not among {', '.join(BASELINES + BACKENDS)}")
+    for mode, counts in modes.items():
+        if not counts or any(not isinstance(v, int) or v < 1 for v in counts):
+            raise ConfigError(f"{path}: {where}.{mode} must be a non-empty list of positive worker counts, "
+                              f"got {counts!r}")
+        if mode in SINGLE_PROCESS and counts != [1]:
+            raise ConfigError(f"{path}: {where}.{mode} is one TensorFlow process: give it [1], not {counts!r}")
+
+
+def modes_of(config: Dict[str, Any], model: str) -> Dict[str, List[int]]:
+    """The modes (and their worker counts) that ``model`` runs in."""
+    return config["model_modes"].get(model, config["modes"])
 
 
 def path_of(name: str) -> str:
@@ -62,40 +86,46 @@ def load(name: str) -> Dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(DEFAULTS) - {"name"})
+    bad = sorted(set(raw.get("model_modes", {})) - set(raw.get("models", DEFAULTS["models"])))
+    if bad:
+        raise ConfigError(f"{path}: model_modes names models {bad} that are not in models")
     if unknown:
         raise ConfigError(f"{path}: unknown keys {unknown}; known keys: {', '.join(sorted(DEFAULTS))}")
     config = {**DEFAULTS, **raw, "projection": {**DEFAULTS["projection"], **raw.get("projection", {})}}
     config["name"] = raw.get("name", os.path.splitext(os.path.basename(path))[0])
-    for key in ("backends", "baselines"):
-        allowed = BACKENDS if key == "backends" else BASELINES
-        bad = [x for x in config[key] if x not in allowed]
-        if bad:
-            raise ConfigError(f"{path}: {key} {bad} not among {', '.join(allowed)}")
+    for where, modes in [("modes", config["modes"])] + [(f"model_modes.{m}", v)
+                                                        for m, v in config["model_modes"].items()]:
+        _check_modes(path, where, modes)
     from benchmarks import models  # pylint: disable=import-outside-toplevel
 
     bad = [m for m in config["models"] if m not in models.MODELS]
     if bad:
         raise ConfigError(f"{path}: models {bad} not among {', '.join(sorted(models.MODELS))}")
-    for key in ("workers", "batch_sizes"):
-        if not config[key] or any(not isinstance(v, int) or v < 1 for v in config[key]):
-            raise ConfigError(f"{path}: {key} must be a non-empty list of positive integers, got {config[key]!r}")
+    if config["api"] not in models.APIS:
+        raise ConfigError(f"{path}: api {config['api']!r} not among {', '.join(models.APIS)}")
+    if not config["global_batch"] or any(not isinstance(v, int) or v < 1 for v in config["global_batch"]):
+        raise ConfigError(f"{path}: global_batch must be a non-empty list of positive integers, "
+                          f"got {config['global_batch']!r}")
+    if not isinstance(config["warmup"], int) or config["warmup"] < 1:
+        raise ConfigError(f"{path}: warmup must be at least 1 (the first timed step's interval starts there)")
     return config
 
 
+def worker_counts(config: Dict[str, Any]) -> List[int]:
+    """Every worker count some run uses, ascending."""
+    return sorted({n for model in config["models"] for counts in modes_of(config, model).values() for n in counts})
+
+
 def matrix(config: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """One spec per run: model x batch size x (backends and hvd_replicated per worker count, tf_single once)."""
+    """One spec per run: model x global batch x worker count x mode (baselines first)."""
     runs = []
-    keys = ("warmup", "steps", "repeats", "dim", "scale", "learning_rate", "seed", "train_batches", "eval_rows")
-    hvd_workers = config["baseline_workers"] or config["workers"]
+    keys = ("warmup", "steps", "repeats", "dim", "scale", "api", "bottom_mlp", "top_mlp", "dnn", "learning_rate",
+            "seed", "train_batches")
     for model in config["models"]:
-        for batch in config["batch_sizes"]:
-            common = {"model": model, "batch_size": batch, **{k: config[k] for k in keys}}
-            if "tf_single" in config["baselines"]:
-                runs.append({**common, "mode": "tf_single", "workers": 1})
-            for n in sorted(set(config["workers"]) | set(hvd_workers)):
-                for mode in config["backends"]:
-                    if n in config["workers"]:
-                        runs.append({**common, "mode": mode, "workers": n})
-                if "hvd_replicated" in config["baselines"] and n in hvd_workers:
-                    runs.append({**common, "mode": "hvd_replicated", "workers": n})
+        modes = modes_of(config, model)
+        order = [m for m in BASELINES + BACKENDS if m in modes]
+        for batch in config["global_batch"]:
+            common = {"model": model, "global_batch": batch, **{k: config[k] for k in keys}}
+            for n in worker_counts(config):
+                runs += [{**common, "mode": mode, "workers": n} for mode in order if n in modes[mode]]
     return runs

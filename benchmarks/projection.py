@@ -13,10 +13,10 @@ for a lookup through an ``embedding_column`` (one id per sample and table):
   width): every unique (table, id) of this worker that another worker owns
   is sent (8 bytes) and its vector comes back (``4*dim``, counted at the
   owner); the backward pass sends the gradients of those rows (``4*dim``).
-- ``sok`` (SOK's fused ``DistributedEmbedding``): one allgather of the batch
-  size (8 bytes), one of (id, sample, table, weight) rows (32 bytes per id),
-  one reduce-scatter of ``[N*B, sum of dims]`` partial sums, and in the
-  backward pass an allgather of the ``[B, sum of dims]`` gradients.
+- ``sok`` (SOK v2's ``lookup_sparse``, one per group of tables): one allgather
+  of (id, sample) rows (16 bytes per id, one closing row per worker), one
+  alltoall of the ``[B, sum of dims]`` partial sums to each other worker,
+  and in the backward pass the alltoall of their gradients back.
 - ``hvd_replicated`` (and tables with fewer rows than workers under hb/sok,
   which stay replicated): the sparse gradient, values ``[unique ids, dim]``
   and int64 indices, allgathered.
@@ -166,6 +166,7 @@ def traffic_bytes(tables: Sequence[TableTraffic], n: int, batch_size: int, backe
     if n == 1:
         return out
     group_dims: Dict[int, int] = {}  # sok: summed widths of each group's sharded tables
+    group_ids: Dict[int, int] = {}  # sok: ids of each group's sharded tables per worker
     hb_groups = set()  # hb: one exchange per group and width
     for t in tables:
         if backend == "hvd_replicated" or t.vocab < n:
@@ -174,14 +175,15 @@ def traffic_bytes(tables: Sequence[TableTraffic], n: int, batch_size: int, backe
         elif backend == "hb":
             sent += t.remote * (8 + 4 * t.dim) + t.incoming * 4 * t.dim
             hb_groups.add((t.group, t.dim))
-        else:
-            # One id per sample: (id, sample, table, weight) forward, its vector's gradient backward.
-            sent += sent_bytes("allgather", 32 * batch_size, n) + sent_bytes("allgather", batch_size * t.dim * 4, n)
+        else:  # sok: one id per sample
             group_dims[t.group] = group_dims.get(t.group, 0) + t.dim
+            group_ids[t.group] = group_ids.get(t.group, 0) + batch_size
     out.alltoall_calls += 3 * len(hb_groups)
-    for width in group_dims.values():
-        sent += sent_bytes("allgather", 8, n) + sent_bytes("reducescatter", batch_size * n * width * 4, n)
-        out.other_calls += 4
+    for group, width in group_dims.items():
+        # (id, sample) rows plus the closing row; the partial sums out, their gradients back
+        sent += sent_bytes("allgather", 16 * (group_ids[group] + 1), n) + 2 * (n - 1) * batch_size * width * 4
+        out.other_calls += 1
+        out.alltoall_calls += 2
     sent += dense_allreduce_bytes(dense_param_bytes, n)
     out.other_calls += 2 if dense_param_bytes else 0
     return out

@@ -1,14 +1,15 @@
 """The benchmark harness: ``python -m benchmarks.run --config <name>``.
 
-Runs every configuration of ``benchmarks/configs/<name>.json`` (model x
-backend or baseline x worker count x batch size) through the real launcher
-(``python -m collective.launch -n N -m benchmarks.worker``), warm-up steps
-excluded and several repeats, and writes one JSON record per run to
-``reports/<name>/records/``, the communication projection to
-``reports/<name>/projection.json`` and then the report
+Writes the configuration's Criteo-shaped synthetic Parquet data once, then
+runs every configuration of ``benchmarks/configs/<name>.json`` (model x
+mode x worker count x global batch) end to end through the real launcher
+(``python -m collective.launch -n N -m benchmarks.worker``): each worker reads
+its share of the Parquet files, warm-up steps excluded, several repeats. One
+JSON record per run goes to ``reports/<name>/records/``, the communication
+projection to ``reports/<name>/projection.json``, then the report
 (``reports/<name>/REPORT.md``, see :mod:`benchmarks.report`).
 
-Batch sizes are per worker: N workers train a global batch of N x b.
+Batch sizes are global: N workers each read ``global_batch // N`` rows a step.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from benchmarks import config as configs
-from benchmarks import machine, metrics, projection
+from benchmarks import machine, projection
 from collective.byte_model import bytes_per_sample
 from collective.cli import add_flag
 
@@ -39,37 +40,75 @@ RECORD_SCHEMA = 1
 
 def run_id(spec: Dict[str, Any]) -> str:
     """A file-name-safe id of one run."""
-    return f"{spec['model']}-{spec['mode']}-n{spec['workers']}-b{spec['batch_size']}"
+    return f"{spec['model']}-{spec['mode']}-n{spec['workers']}-B{spec['global_batch']}"
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-def _projected_bytes(spec: Dict[str, Any], dense_param_bytes: List[int]) -> Optional[float]:
-    """Projected bytes per step (all workers), averaged over the timed steps' batches; None for tf_single."""
-    if spec["mode"] == "tf_single":
-        return None
-    from benchmarks import batches  # pylint: disable=import-outside-toplevel
+def write_data(config: Dict[str, Any], out_dir: str) -> str:
+    """The configuration's Parquet data in ``out_dir``: ``train_batches`` of the largest global batch.
+
+    Row groups of a quarter of a per-worker batch at the largest worker count,
+    so that every worker count shards by whole row groups with equal shares.
+    """
+    from datasets.synthetic import generate  # pylint: disable=import-outside-toplevel
+
+    batch = max(config["global_batch"])
+    rows = int(config["train_batches"]) * batch
+    group = max(1, batch // (4 * max(configs.worker_counts(config))))
+    generate(out_dir, rows, files=1, scale=float(config["scale"]), seed=int(config["seed"]), row_group_size=group,
+             progress=False)
+    return out_dir
+
+
+def worker_steps(data_dir: str, n: int, b: int, steps: int) -> List[Dict[int, Dict[str, np.ndarray]]]:
+    """What each worker's input pipeline yields at each of ``steps`` steps (numpy, the reader's own plan)."""
+    import collective.data as cd  # pylint: disable=import-outside-toplevel
+    from datasets import schema  # pylint: disable=import-outside-toplevel
+
+    out: List[Dict[int, Dict[str, np.ndarray]]] = [dict() for _ in range(steps)]
+    for r in range(n):
+        pieces, _ = cd.plan(data_dir, list(schema.CATEGORICAL), rank=r, world_size=n)
+        batches = cd.iterate_batches(pieces, list(schema.CATEGORICAL), b, num_epochs=None, drop_remainder=True)
+        for k, batch in zip(range(steps), batches):
+            out[k][r] = batch
+    return out
+
+
+# The projection's name of each mode whose exchange it models.
+_PROJECTED = {"hb": "hb", "sok": "sok", "hvd_dp": "hvd_replicated"}
+
+
+def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]) -> Tuple[Optional[float], float]:
+    """(projected bytes per step, dedup lower bound per step), all workers, averaged over the batches the
+    workers read in the timed steps. The projection is None where it has no model of the mode (the
+    single-process baselines, ``replicated``)."""
+    n, b = spec["workers"], int(spec["global_batch"]) // spec["workers"]
+    backend = _PROJECTED.get(spec["mode"])
+    if n == 1:
+        return (0.0 if backend else None), 0.0
     from datasets import schema  # pylint: disable=import-outside-toplevel
     from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
 
-    n, b, distinct = spec["workers"], spec["batch_size"], spec["train_batches"]
-    columns = batches.synthetic_rows(distinct * n * b, spec["scale"], spec["seed"])
+    start, timed = spec["warmup"], spec["repeats"] * spec["steps"]
     at, vocabs, dims, groups = projection.model_tables(spec["model"], cardinalities(spec["scale"]), spec["dim"])
-    start = spec["warmup"]
-    timed = range(start, start + spec["repeats"] * spec["steps"])
-    totals = {}
-    for k in set(s % distinct for s in timed):
-        ids = [columns[schema.CATEGORICAL[i]][k * n * b:(k + 1) * n * b] for i in at]
-        totals[k] = projection.step_bytes(ids, vocabs, dims, n, b, spec["mode"], dense_param_bytes, groups).total
-    return float(np.mean([totals[s % distinct] for s in timed]))
+    projected, bounds = [], []
+    for step in worker_steps(data_dir, n, b, start + timed)[start:]:
+        ids = [np.concatenate([step[r][schema.CATEGORICAL[i]] for r in range(n)]) for i in at]
+        tables = [projection.sampled_traffic(t, v, d, g, n, b) for t, v, d, g in zip(ids, vocabs, dims, groups)]
+        bounds.append(projection.lower_bound_bytes(tables, n, dense_param_bytes))
+        if backend:
+            projected.append(projection.step_bytes(ids, vocabs, dims, n, b, backend, dense_param_bytes, groups).total)
+    return (float(np.mean(projected)) if backend else None), float(np.mean(bounds))
 
 
-def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarray, labels: np.ndarray,
-              wall_s: float, host: Dict[str, Any], config_name: str) -> Dict[str, Any]:
+def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], data_dir: str, wall_s: float,
+              host: Dict[str, Any], config_name: str) -> Dict[str, Any]:
     """The record of one run from its workers' results."""
-    n, b = spec["workers"], spec["batch_size"]
+    n = spec["workers"]
+    b = ranks[0]["worker_batch"]
     repeats = len(ranks[0]["step_times"])
     # A synchronous step lasts as long as its slowest worker.
     step_times = [max(r["step_times"][rep][i] for r in ranks)
@@ -78,7 +117,8 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarr
               for rep in range(repeats)]
     bytes_per_worker = [r["bytes_per_step"] for r in ranks]
     bytes_per_step = float(sum(bytes_per_worker))
-    projected = _projected_bytes(spec, ranks[0]["dense_param_bytes"])
+    last = max(1, len(ranks[0]["losses"]) // repeats)
+    projected, bound = step_bytes(spec, data_dir, ranks[0]["dense_param_bytes"])
     return {
         "schema": RECORD_SCHEMA,
         "config": config_name,
@@ -87,22 +127,25 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarr
         "mode": spec["mode"],
         "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
         "workers": n,
-        "batch_size": b,
         "global_batch": n * b,
+        "worker_batch": b,
         "spec": spec,
         "machine": host,
         "samples_per_s": {"total_median": statistics.median(totals), "total_min": min(totals),
                           "total_max": max(totals), "per_worker_median": statistics.median(totals) / n,
                           "repeats": totals},
-        "step_time_s": {"p50": _percentile(step_times, 50), "p90": _percentile(step_times, 90)},
+        "step_time_s": {"p50": _percentile(step_times, 50), "p90": _percentile(step_times, 90),
+                        "all": step_times},
         "bytes_per_step": bytes_per_step,
         "bytes_per_worker_step": bytes_per_worker,
         "bytes_per_sample": bytes_per_sample(bytes_per_step, n * b),
         "projected_bytes_per_step": projected,
+        "lower_bound_bytes_per_step": bound,
+        "dense_param_bytes": ranks[0]["dense_param_bytes"],
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
         "embedding_bytes": [r["embedding_bytes"] for r in ranks],
-        "metric": {"auc": metrics.auc(labels, probs), "logloss": metrics.logloss(labels, probs),
-                   "eval_rows": int(len(labels))},
+        # the training loss over the last repeat's steps, averaged over workers (each on its own rows)
+        "loss": float(np.mean([np.mean(r["losses"][-last:]) for r in ranks])),
         "wall_s": wall_s,
         "status": "ok",
     }
@@ -111,11 +154,11 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], probs: np.ndarr
 def _failed(spec: Dict[str, Any], host: Dict[str, Any], config_name: str, wall: float, error: str) -> Dict[str, Any]:
     return {"schema": RECORD_SCHEMA, "config": config_name, "run_id": run_id(spec), "model": spec["model"],
             "mode": spec["mode"], "kind": "backend" if spec["mode"] in configs.BACKENDS else "baseline",
-            "workers": spec["workers"], "batch_size": spec["batch_size"], "spec": spec, "machine": host,
+            "workers": spec["workers"], "global_batch": spec["global_batch"], "spec": spec, "machine": host,
             "wall_s": wall, "status": "failed", "error": error}
 
 
-def run_launch(specs: List[Dict[str, Any]], host: Dict[str, Any], config_name: str,
+def run_launch(specs: List[Dict[str, Any]], data_dir: str, host: Dict[str, Any], config_name: str,
                timeout: float) -> List[Dict[str, Any]]:
     """Runs ``specs`` (all on the same number of workers) in one launch; one record each (``failed`` on error)."""
     n = specs[0]["workers"]
@@ -123,7 +166,8 @@ def run_launch(specs: List[Dict[str, Any]], host: Dict[str, Any], config_name: s
         spec_path = os.path.join(tmp, "specs.json")
         with open(spec_path, "w") as f:
             json.dump(specs, f)
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.worker", spec_path, tmp]
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.worker", spec_path, data_dir,
+               tmp]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    TF_CPP_MIN_LOG_LEVEL="2")
         start = time.perf_counter()
@@ -137,17 +181,14 @@ def run_launch(specs: List[Dict[str, Any]], host: Dict[str, Any], config_name: s
         records = []
         for i, spec in enumerate(specs):
             out = os.path.join(tmp, str(i))
-            if not all(os.path.isfile(os.path.join(out, f"rank{r}.npz")) for r in range(n)):
+            if not all(os.path.isfile(os.path.join(out, f"rank{r}.json")) for r in range(n)):
                 records.append(_failed(spec, host, config_name, wall, failure or "no results written"))
                 continue
             ranks = []
             for r in range(n):
                 with open(os.path.join(out, f"rank{r}.json")) as f:
                     ranks.append(json.load(f))
-            outputs = [np.load(os.path.join(out, f"rank{r}.npz")) for r in range(n)]
-            probs = np.concatenate([o["probs"] for o in outputs])
-            labels = np.concatenate([o["labels"] for o in outputs])
-            record = summarise(spec, ranks, probs, labels, wall, host, config_name)
+            record = summarise(spec, ranks, data_dir, wall, host, config_name)
             record["shared_launch"] = len(specs) > 1
             records.append(record)
     return records
@@ -165,25 +206,34 @@ def launches(specs: List[Dict[str, Any]], share: bool) -> List[List[Dict[str, An
 
 def progress_line(i: int, total: int, record: Dict[str, Any]) -> str:
     """One line per finished run."""
-    head = f"[{i}/{total}] {record['model']:<9} {record['mode']:<14} N={record['workers']} b={record['batch_size']}"
+    head = f"[{i}/{total}] {record['model']:<9} {record['mode']:<10} N={record['workers']} B={record['global_batch']}"
     if record["status"] != "ok":
         return f"{head}: FAILED ({record['error'].splitlines()[0]}) after {record['wall_s']:.0f} s"
     s = record["samples_per_s"]
     return (f"{head}: {s['total_median']:>10,.0f} samples/s ({s['total_min']:,.0f}..{s['total_max']:,.0f}), "
-            f"{record['bytes_per_sample']:8.1f} B/sample, AUC {record['metric']['auc']:.4f} "
+            f"{record['bytes_per_sample']:8.1f} B/sample, loss {record['loss']:.4f} "
             f"({record['wall_s']:.0f} s)")
 
 
 def run_projection(config: Dict[str, Any], out_dir: str) -> str:
-    """Writes ``projection.json`` for the configuration; returns its path."""
+    """Writes ``projection.json``: bytes and time per step at Criteo's real table sizes to N = ``max_workers``
+    (:mod:`benchmarks.real_projection`), and the reader's rows/s on one core when the config asks; returns its path."""
+    from benchmarks import real_projection  # pylint: disable=import-outside-toplevel
+
     p = config["projection"]
     counts = [n for n in projection.WORKER_COUNTS if n <= p["max_workers"]]
-    rows = []
-    for source in projection.sources(config["scale"], projection.MOVIELENS if p["movielens"] else None):
-        rows += projection.project(source, config["dim"], p["batch_size"], counts, p["batches"])
+    out: Dict[str, Any] = {"fabrics": [vars(fab) for fab in projection.FABRICS],
+                           "real_rows": real_projection.projection_rows(dim=config["dim"], batch_size=p["batch_size"],
+                                                                        worker_counts=counts)}
+    if config["reader"]:
+        from benchmarks import data  # pylint: disable=import-outside-toplevel
+
+        print("reader: rows/s on one core ...", flush=True)
+        out["reader"] = data.measure_pinned(**config["reader"]) if isinstance(config["reader"], dict) \
+            else data.measure_pinned()
     path = os.path.join(out_dir, "projection.json")
     with open(path, "w") as f:
-        json.dump({"fabrics": [vars(fab) for fab in projection.FABRICS], "rows": rows}, f, indent=1)
+        json.dump(out, f, indent=1)
     return path
 
 
@@ -217,13 +267,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"load {host['load_average']}), records in {records_dir}", flush=True)
     started = time.perf_counter()
     failed = done = 0
-    for group in launches(specs, config["share_launch"]):
-        for record in run_launch(group, host, config["name"], config["timeout_s"]):
-            done += 1
-            failed += record["status"] != "ok"
-            with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
-                json.dump(record, f, indent=1)
-            print(progress_line(done, len(specs), record), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as data_dir:
+        write_data(config, data_dir)
+        for group in launches(specs, config["share_launch"]):
+            for record in run_launch(group, data_dir, host, config["name"], config["timeout_s"]):
+                done += 1
+                failed += record["status"] != "ok"
+                with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
+                    json.dump(record, f, indent=1)
+                print(progress_line(done, len(specs), record), flush=True)
     print(f"projection: N = 1 .. {config['projection']['max_workers']} ...", flush=True)
     print(f"wrote {run_projection(config, out_dir)}", flush=True)
     print(f"{len(specs)} runs in {time.perf_counter() - started:.0f} s, {failed} failed", flush=True)

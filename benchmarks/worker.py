@@ -1,58 +1,52 @@
-"""Benchmark runs' worker: ``python -m collective.launch -n N -m benchmarks.worker SPECS OUT_DIR``.
+"""Benchmark runs' worker: ``python -m collective.launch -n N -m benchmarks.worker SPECS DATA OUT_DIR``.
 
-SPECS is a JSON file with a list of runs' parameters (see
-:func:`benchmarks.config.matrix`), run one after another in this process;
-for run ``i`` each worker writes ``OUT_DIR/<i>/rank<r>.json`` (step times,
-bytes, memory) and ``OUT_DIR/<i>/rank<r>.npz`` (evaluation probabilities and
-labels). Peak memory is the process's: with several runs per launch it is
-the peak so far.
+SPECS is a JSON file with a list of runs (see :func:`benchmarks.config.matrix`)
+run one after another in this process; DATA is the Parquet directory every
+run reads (:mod:`collective.data`, each worker its own share of every global
+batch, repeated as long as the run needs). For run ``i`` each worker writes
+``OUT_DIR/<i>/rank<r>.json``: step times, losses, bytes sent, memory.
 
-Modes:
-  hb, sok          ``CollectiveStrategy`` with the tables in ``embedding_scope()``.
-  tf_single        plain TensorFlow in one process.
-  hvd_replicated   every table replicated, ``hvd.DistributedOptimizer`` (sparse
-                   gradients allgathered, dense ones allreduced). Horovod's
-                   own ops are not counted by ``collective.comm``: the step adds
-                   to the same counter what they send under its byte model.
+Every mode trains the same model (:mod:`benchmarks.models`) end to end: the
+Parquet input pipeline, forward, backward and Adagrad, written as its users
+write it:
+
+  estimator   stock ``tf.estimator.Estimator`` (one process), default RunConfig:
+              what users of feature columns run today.
+  tf_mts      plain TensorFlow under ``tf.compat.v1.train.MonitoredTrainingSession``.
+  hvd_dp      Horovod data parallelism: tables replicated on every worker,
+              ``hvd.DistributedOptimizer`` (sparse gradients allgathered,
+              dense ones allreduced), ``BroadcastGlobalVariablesHook``.
+              Horovod's own ops are not counted by ``collective.comm``: the
+              step adds to the same counter what they send under its byte model.
+  replicated, hb, sok
+              ``CollectiveStrategy(mode).scope()`` around the same program,
+              tables in ``embedding_scope()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import resource
 import sys
+import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
-import numpy as np
 import tensorflow as tf
 
-from benchmarks import batches, models
+from benchmarks import models
 from collective import comm, context
 from collective.byte_model import sent_bytes
 from collective.embedding.table import shard_of
 from datasets import schema
 
 logger = logging.getLogger("benchmarks.worker")
-MODES = ("hb", "sok", "tf_single", "hvd_replicated")
+COLLECTIVE_MODES = ("replicated", "hb", "sok")
+MODES = ("estimator", "tf_mts", "hvd_dp") + COLLECTIVE_MODES
 _COLUMNS = frozenset(schema.CATEGORICAL)
-
-
-def _placeholders(batch_size: int):
-    features = {"dense": tf.compat.v1.placeholder(tf.float32, [batch_size, len(schema.DENSE)], name="dense")}
-    for name in schema.CATEGORICAL:
-        features[name] = tf.compat.v1.placeholder(tf.int64, [batch_size, 1], name=name)
-    labels = tf.compat.v1.placeholder(tf.float32, [batch_size], name="labels")
-    return features, labels
-
-
-def _feed(features, labels, batch: batches.Columns) -> Dict[tf.Tensor, np.ndarray]:
-    feed = {features["dense"]: batch["dense"], labels: batch["label"]}
-    for name in schema.CATEGORICAL:
-        feed[features[name]] = batch[name][:, None]
-    return feed
 
 
 def _nbytes(t) -> tf.Tensor:
@@ -83,25 +77,41 @@ def _variable_bytes(var: tf.Variable) -> int:
     return int(var.shape.num_elements()) * var.dtype.size
 
 
-def build(spec: Dict[str, Any]):
-    """The run's graph pieces: (train_op, probs, placeholders, extra init ops)."""
+def variable_figures() -> Dict[str, Any]:
+    """This worker's table bytes (tables and their optimizer slots) and dense variable sizes in the default graph."""
+    graph = tf.compat.v1.get_default_graph()
+    tables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if _is_embedding(v)]
+    dense = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES) if not _is_embedding(v)]
+    return {"embedding_bytes": sum(_variable_bytes(v) for v in tables),
+            "dense_param_bytes": [_variable_bytes(v) for v in dense]}
+
+
+def worker_batch(spec: Dict[str, Any], n: int) -> int:
+    """Rows per worker per step: the global batch split evenly (the remainder is dropped)."""
+    return int(spec["global_batch"]) // n
+
+
+def input_fn(spec: Dict[str, Any], data_dir: str, rank: int, n: int) -> tf.data.Dataset:
+    """This worker's batches of ``data_dir``: ``(features, labels)``, repeated forever, static batch shape."""
+    import collective.data as cd  # pylint: disable=import-outside-toplevel
+
+    return cd.parquet_dataset(data_dir, worker_batch(spec, n), fields=list(schema.COLUMNS), label=schema.LABEL,
+                              rank=rank, world_size=n, num_epochs=None, drop_remainder=True)
+
+
+def _optimizer(spec: Dict[str, Any]) -> tf.compat.v1.train.Optimizer:
+    return tf.compat.v1.train.AdagradOptimizer(float(spec["learning_rate"]))
+
+
+def build_train(spec: Dict[str, Any], features, labels):
+    """(train_op, loss, init ops to run after initialisation) for the session modes."""
     mode, n = spec["mode"], comm.world_size()
     builder = models.get(spec["model"])
-    tf.compat.v1.set_random_seed(int(spec["seed"]))
-    features, labels = _placeholders(int(spec["batch_size"]))
-    if mode in ("hb", "sok"):
-        from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
-
-        strategy = CollectiveStrategy(mode)
-        loss, probs = builder(features, labels, spec, strategy.embedding_scope)
-        opt = tf.compat.v1.train.AdagradOptimizer(float(spec["learning_rate"]))
-        train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-        return train_op, probs, features, labels, []
-    loss, probs = builder(features, labels, spec, models.no_scope)
-    opt = tf.compat.v1.train.AdagradOptimizer(float(spec["learning_rate"]))
-    if mode == "tf_single":
-        return opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()), probs, \
-            features, labels, []
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    loss, _ = builder(features, labels, spec, mode in COLLECTIVE_MODES)
+    opt = _optimizer(spec)
+    if mode != "hvd_dp":
+        return opt.minimize(loss, global_step=global_step), loss, []
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
 
     hvd.init()
@@ -110,75 +120,132 @@ def build(spec: Dict[str, Any]):
     averaged = distributed.compute_gradients(loss)
     count = comm.bytes_counter().assign_add(horovod_bytes(local, n), read_value=False)
     with tf.control_dependencies([count]):
-        train_op = distributed.apply_gradients(averaged, global_step=tf.compat.v1.train.get_or_create_global_step())
-    return train_op, probs, features, labels, [hvd.broadcast_global_variables(0)]
+        train_op = distributed.apply_gradients(averaged, global_step=global_step)
+    return train_op, loss, [hvd.BroadcastGlobalVariablesHook(0)]
 
 
-def run(spec: Dict[str, Any], out_dir: str) -> None:
-    """Trains, times and evaluates one configuration on this worker; writes its results."""
+class StepTimer(tf.compat.v1.train.SessionRunHook):
+    """Wall time between consecutive steps' ends, the loss of each step, and the byte counter around the timed steps.
+
+    Steps ``0 .. warmup-1`` warm up; the next ``timed`` steps are timed. A
+    step's time is the interval between its ``after_run`` and the previous
+    one's: everything the step costs the program that runs it (the session
+    call, the input pipeline, the hooks: the Estimator's summaries and step
+    counter included). The byte counter is read between steps, outside the
+    timed intervals.
+    """
+
+    def __init__(self, loss: tf.Tensor, warmup: int, timed: int):
+        if warmup < 1:
+            raise ValueError(f"warmup={warmup}: at least one warm-up step is needed to start the first interval")
+        self._loss, self._warmup, self._timed = loss, warmup, timed
+        self.times: List[float] = []
+        self.losses: List[float] = []
+        self.bytes_before = self.bytes_after = 0
+        self._last = 0.0
+        self._step = 0
+        self._counter = comm.bytes_counter()
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._loss)
+
+    def after_run(self, run_context, run_values):
+        now = time.perf_counter()
+        k, first, last = self._step, self._warmup, self._warmup + self._timed - 1
+        self._step += 1
+        if first <= k <= last:
+            self.times.append(now - self._last)
+            self.losses.append(float(run_values.results))
+        if k == first - 1:
+            self.bytes_before = int(run_context.session.run(self._counter))
+            now = time.perf_counter()
+        if k == last:
+            self.bytes_after = int(run_context.session.run(self._counter))
+            run_context.request_stop()
+        self._last = now
+
+
+def _session_config() -> tf.compat.v1.ConfigProto:
+    return context.session_config(tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0)),
+        inter_op_parallelism_threads=int(os.environ.get("TF_NUM_INTEROP_THREADS", 0))))
+
+
+def _run_session(spec: Dict[str, Any], data_dir: str, timer_args) -> Tuple[StepTimer, Dict[str, Any]]:
+    """tf_mts, hvd_dp, replicated, hb, sok: the program under ``MonitoredTrainingSession``."""
     r, n = comm.rank(), comm.world_size()
-    b = int(spec["batch_size"])
-    distinct = int(spec["train_batches"])
-    train = batches.synthetic_rows(distinct * n * b, float(spec["scale"]), int(spec["seed"]))
-    evaluation = batches.synthetic_rows(int(spec["eval_rows"]), float(spec["scale"]), int(spec["seed"]) + 1000)
-    shard, real = batches.eval_shard(evaluation, r, n, b)
-    with tf.Graph().as_default():
-        if spec["mode"] in ("hb", "sok"):
-            from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    if spec["mode"] in COLLECTIVE_MODES:
+        from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
 
-            scope = CollectiveStrategy(spec["mode"]).scope()
-        else:
-            scope = models.no_scope()
-        with scope:
-            train_op, probs, features, labels, after_init = build(spec)
-            counter = comm.bytes_counter()
-            tables = [v for v in tf.compat.v1.global_variables() if _is_embedding(v)]
-            dense = [v for v in tf.compat.v1.trainable_variables() if not _is_embedding(v)]
-            config = context.session_config(tf.compat.v1.ConfigProto(
-                intra_op_parallelism_threads=int(os.environ.get("TF_NUM_INTRAOP_THREADS", 0)),
-                inter_op_parallelism_threads=int(os.environ.get("TF_NUM_INTEROP_THREADS", 0))))
-            with tf.compat.v1.Session(config=config) as sess:
-                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-                sess.run(after_init)
-                feeds = [_feed(features, labels, batches.worker_batch(train, k, r, n, b)) for k in range(distinct)]
-                step = 0
-                for _ in range(int(spec["warmup"])):
-                    sess.run(train_op, feeds[step % distinct])
-                    step += 1
-                before = int(sess.run(counter))
-                times: List[List[float]] = []
-                for _ in range(int(spec["repeats"])):
-                    repeat = []
-                    for _ in range(int(spec["steps"])):
-                        start = time.perf_counter()
-                        sess.run(train_op, feeds[step % distinct])
-                        repeat.append(time.perf_counter() - start)
-                        step += 1
-                    times.append(repeat)
-                sent = int(sess.run(counter)) - before
-                outputs = []
-                for start in range(0, len(shard["label"]), b):
-                    outputs.append(sess.run(probs, _feed(features, labels, batches.take(shard, start, start + b))))
+        scope = CollectiveStrategy(spec["mode"]).scope()
+    else:
+        scope = contextlib.nullcontext()
+    with scope:
+        features, labels = tf.compat.v1.data.make_one_shot_iterator(input_fn(spec, data_dir, r, n)).get_next()
+        train_op, loss, hooks = build_train(spec, features, labels)
+        timer = StepTimer(loss, *timer_args)
+        figures = variable_figures()
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks + [timer], config=_session_config(),
+                                                         log_step_count_steps=None) as sess:
+            while not sess.should_stop():
+                sess.run(train_op)
+    return timer, figures
+
+
+def _run_estimator(spec: Dict[str, Any], data_dir: str, timer_args) -> Tuple[StepTimer, Dict[str, Any]]:
+    """The stock Estimator: default RunConfig (checkpoints every 10 minutes, summaries every 100 steps)."""
+    timers: List[StepTimer] = []
+    figures: Dict[str, Any] = {}
+
+    def model_fn(features, labels, mode, params):
+        loss, probs = models.get(spec["model"])(features, labels, spec, False)
+        train_op = _optimizer(spec).minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        timers.append(StepTimer(loss, *timer_args))
+        figures.update(variable_figures())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"probability": probs},
+                                          training_hooks=[timers[-1]])
+
+    with tempfile.TemporaryDirectory(prefix="bench-estimator-") as model_dir:
+        config = tf.estimator.RunConfig(session_config=_session_config(), tf_random_seed=int(spec["seed"]))
+        estimator = tf.estimator.Estimator(model_fn, model_dir=model_dir, config=config)
+        estimator.train(lambda: input_fn(spec, data_dir, 0, 1), max_steps=timer_args[0] + timer_args[1])
+    return timers[-1], figures
+
+
+def run(spec: Dict[str, Any], data_dir: str, out_dir: str) -> None:
+    """Trains and times one configuration on this worker; writes its results."""
+    r, n = comm.rank(), comm.world_size()
+    if spec["mode"] == "estimator" and n != 1:
+        raise ValueError(f"the stock Estimator baseline is one process; run {spec['mode']} with -n 1, not {n}")
     timed = int(spec["repeats"]) * int(spec["steps"])
+    timer_args = (int(spec["warmup"]), timed)
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(int(spec["seed"]))
+        if spec["mode"] == "estimator":
+            timer, figures = _run_estimator(spec, data_dir, timer_args)
+        else:
+            timer, figures = _run_session(spec, data_dir, timer_args)
+    steps = int(spec["steps"])
     result = {
         "rank": r,
         "world_size": n,
-        "step_times": times,
-        "bytes_sent": sent,
-        "bytes_per_step": sent / max(timed, 1),
+        "worker_batch": worker_batch(spec, n),
+        "step_times": [timer.times[i:i + steps] for i in range(0, len(timer.times), steps)],
+        "losses": timer.losses,
+        "bytes_sent": timer.bytes_after - timer.bytes_before,
+        "bytes_per_step": (timer.bytes_after - timer.bytes_before) / max(timed, 1),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "embedding_bytes": sum(_variable_bytes(v) for v in tables),
-        "dense_param_bytes": [_variable_bytes(v) for v in dense],
+        **figures,
     }
     with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
         json.dump(result, f)
-    np.savez(os.path.join(out_dir, f"rank{r}.npz"), probs=np.concatenate(outputs)[:real], labels=shard["label"][:real])
 
 
 def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if len(argv) != 2:
-        print("usage: python -m collective.launch -n N -m benchmarks.worker SPECS.json OUT_DIR", file=sys.stderr)
+    if len(argv) != 3:
+        print("usage: python -m collective.launch -n N -m benchmarks.worker SPECS.json DATA_DIR OUT_DIR",
+              file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         specs = json.load(f)
@@ -188,9 +255,9 @@ def main(argv: List[str]) -> int:
             return 2
     context.get()
     for i, spec in enumerate(specs):
-        out = os.path.join(argv[1], str(i))
+        out = os.path.join(argv[2], str(i))
         os.makedirs(out, exist_ok=True)
-        run(spec, out)
+        run(spec, argv[1], out)
     return 0
 
 

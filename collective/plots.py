@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence, Tuple
 
-COLORS = {"plain": "#7f7f7f", "tf_single": "#7f7f7f", "hvd_replicated": "#1f77b4", "hb": "#d62728",
+COLORS = {"plain": "#7f7f7f", "tf_single": "#7f7f7f", "tf_mts": "#7f7f7f", "estimator": "#bcbd22",
+          "hvd_replicated": "#1f77b4", "hvd_dp": "#1f77b4", "replicated": "#9467bd", "hb": "#d62728",
           "sok": "#2ca02c"}
 OTHER_COLOR = "#333333"
 

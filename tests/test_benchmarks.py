@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from benchmarks import config as configs
-from benchmarks import id_model, metrics, projection, projection_report, real_projection, report
+from benchmarks import id_model, projection, projection_report, real_projection, report
 from benchmarks.batches import synthetic_rows
 from datasets import schema
 from datasets.synthetic import cardinalities, zipf_ranks
 from datasets.synthetic.generate import rank_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("tf_single", "hvd_replicated", "hb", "sok")
+MODES = ("estimator", "tf_mts", "hvd_dp", "replicated", "hb", "sok")
 # The end-to-end tests share one harness run (3 launches, 1-3 workers): about two minutes on an idle
 # 2-core machine, much longer on a loaded one, so they get more than the default 600 s.
 END_TO_END_TIMEOUT = pytest.mark.timeout(1800)
@@ -33,9 +33,9 @@ def test_projection_counts_a_small_batch_by_hand():
     # and returns id 1's vector (8). Dense: 12 * 2 * 1 // 2 = 12.
     assert hb.tolist() == [24 + 12, 24 + 12]
     sok = projection.step_bytes(ids, vocabs, 2, 2, 2, "sok", dense).per_worker
-    # sok: allgather 2 rows x 32 B, backward allgather of [2, 2] floats (16), batch size (8),
-    # reduce-scatter of [4, 2] floats: 32 * 1 // 2 = 16.
-    assert sok.tolist() == [64 + 16 + 8 + 16 + 12] * 2
+    # sok: allgather of 2 (id, sample) rows + the closing row x 16 B; the other worker's 2 samples' partial
+    # sums ([2, 2] floats, 16 B) out, their gradients back (16 B).
+    assert sok.tolist() == [48 + 16 + 16 + 12] * 2
     hvd = projection.step_bytes(ids, vocabs, 2, 2, 2, "hvd_replicated", dense).per_worker
     # Replicated: unique ids x (2 floats + int64 index) to the other worker: w0 has 1 unique id, w1 has 2.
     assert hvd.tolist() == [16 + 12, 32 + 12]
@@ -45,13 +45,13 @@ def test_projection_counts_a_small_batch_by_hand():
     assert projection.step_bytes([np.array([5, 6])], [10], 2, 1, 2, "hb", dense).total == 0
 
 
-def test_projection_sok_pays_batch_size_and_reduce_scatter_once_per_lookup_group():
+def test_projection_sok_pays_one_allgather_and_two_alltoalls_per_lookup_group():
     ids, vocabs, dims = [np.array([1, 1, 2, 3])] * 2, [10, 10], [1, 2]
-    # Per table: 2 rows x 32 B + backward [2, dim] floats; per group: batch size (8) + [4, dims] floats // 2.
+    # Per group: (2 samples x its tables + 1) rows x 16 B; 2 partial sums x its widths x 4 B, out and back.
     one = projection.step_bytes(ids, vocabs, dims, 2, 2, "sok", groups=[0, 0]).per_worker
-    assert one.tolist() == [(64 + 8) + (64 + 16) + 8 + 4 * 3 * 4 // 2] * 2
+    assert one.tolist() == [(4 + 1) * 16 + 2 * 2 * 3 * 4] * 2
     two = projection.step_bytes(ids, vocabs, dims, 2, 2, "sok", groups=[0, 1]).per_worker
-    assert two.tolist() == [(64 + 8) + (64 + 16) + (8 + 4 * 1 * 4 // 2) + (8 + 4 * 2 * 4 // 2)] * 2
+    assert two.tolist() == [(2 + 1) * 16 + 2 * 2 * 1 * 4 + (2 + 1) * 16 + 2 * 2 * 2 * 4] * 2
     assert projection.model_tables("deepfm", [10] * 26, 4)[3] == [0] * 26 + [1] * 26
 
 
@@ -101,26 +101,30 @@ def test_expected_step_bytes_match_counts_on_drawn_batches():
         projection.lower_bound_bytes(two, 2, dense), rel=1e-12)
 
 
-def test_auc_matches_pairwise_count():
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 2, 300)
-    probs = np.round(rng.random(300), 1)  # ties
-    pos, neg = probs[labels == 1], probs[labels == 0]
-    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    assert metrics.auc(labels, probs) == pytest.approx(pairs / (len(pos) * len(neg)))
-
-
 def test_config_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"workers": [1], "speed": 3}))
+    bad.write_text(json.dumps({"modes": {"hb": [1]}, "speed": 3}))
     with pytest.raises(configs.ConfigError, match=r"bad\.json.*unknown keys \['speed'\]"):
+        configs.load(str(bad))
+    bad.write_text(json.dumps({"modes": {"estimator": [2]}}))
+    with pytest.raises(configs.ConfigError, match=r"bad\.json: modes\.estimator is one TensorFlow process"):
+        configs.load(str(bad))
+    bad.write_text(json.dumps({"models": ["dlrm"], "model_modes": {"deepfm": {"hb": [1]}}}))
+    with pytest.raises(configs.ConfigError, match=r"model_modes names models \['deepfm'\]"):
         configs.load(str(bad))
     with pytest.raises(configs.ConfigError, match="no benchmark configuration 'nope'"):
         configs.load("nope")
+
+
+def test_quick_config_runs_the_headline_and_its_baselines():
     quick = configs.load("quick")
     runs = configs.matrix(quick)
-    assert {r["mode"] for r in runs} == set(MODES)
-    assert [r["workers"] for r in runs if r["mode"] == "tf_single"] == [1] * len(quick["models"])
+    for model in ("dlrm", "deepfm"):
+        assert {(r["mode"], r["workers"]) for r in runs if r["model"] == model} >= {
+            ("estimator", 1), ("tf_mts", 1), ("hvd_dp", 2), ("hb", 1), ("hb", 2), ("sok", 2)}
+    assert all(r["global_batch"] == 4096 for r in runs)
+    full = configs.load("full")
+    assert full["scale"] == 1.0 and ("hb", 2) in {(r["mode"], r["workers"]) for r in configs.matrix(full)}
 
 
 # ---------------------------------------------------------------- report errors
@@ -134,7 +138,7 @@ def test_missing_or_malformed_records_name_the_file(tmp_path):
     with pytest.raises(report.RecordError, match=r"broken\.json cannot be read as JSON"):
         report.load_records(str(tmp_path))
     (records / "broken.json").write_text(json.dumps({"schema": 1, "run_id": "x", "model": "embedding",
-                                                     "mode": "hb", "workers": 2, "batch_size": 8, "status": "ok"}))
+                                                     "mode": "hb", "workers": 2, "global_batch": 8, "status": "ok"}))
     with pytest.raises(report.RecordError, match=r"broken\.json lacks samples_per_s"):
         report.load_records(str(tmp_path))
 
@@ -155,26 +159,39 @@ def tiny_run(tmp_path_factory):
 def test_harness_writes_a_valid_record_per_run(tiny_run):
     out, stdout = tiny_run
     records = report.load_records(str(out))
-    expected = {(r["mode"], r["workers"]) for r in configs.matrix(configs.load("tiny"))}
-    assert {(r["mode"], r["workers"]) for r in records} == expected
+    expected = {(r["model"], r["mode"], r["workers"]) for r in configs.matrix(configs.load("tiny"))}
+    assert {(r["model"], r["mode"], r["workers"]) for r in records} == expected
     assert {r["mode"] for r in records} == set(MODES)
+    assert f"[{len(records)}/{len(records)}]" in stdout
     for r in records:
         assert r["status"] == "ok", r.get("error")
-        assert f"[{len(records)}/{len(records)}]" in stdout
         s = r["samples_per_s"]
         assert 0 < s["total_min"] <= s["total_median"] <= s["total_max"]
         assert len(s["repeats"]) == 2 and s["per_worker_median"] == pytest.approx(s["total_median"] / r["workers"])
-        assert 0 < r["step_time_s"]["p50"] <= r["step_time_s"]["p90"]
+        assert 0 < r["step_time_s"]["p50"] <= r["step_time_s"]["p90"] and len(r["step_time_s"]["all"]) == 4
+        assert r["global_batch"] == r["workers"] * r["worker_batch"] == 96
         assert len(r["peak_rss_bytes"]) == r["workers"] and min(r["peak_rss_bytes"]) > 0
-        assert 0 <= r["metric"]["auc"] <= 1 and r["metric"]["eval_rows"] == 512
         assert r["machine"]["cores"] >= 1 and r["machine"]["libraries"]["tensorflow"] != "not installed"
-        if r["mode"] == "tf_single":
-            assert r["bytes_per_step"] == 0
-        else:
-            assert r["bytes_per_step"] > 0
-    # Sharded tables: each worker holds about 1/N of what a replicated worker holds.
-    held = {(r["mode"], r["workers"]): max(r["embedding_bytes"]) for r in records}
-    assert held[("hb", 2)] < 0.6 * held[("tf_single", 1)] and held[("hvd_replicated", 2)] == held[("tf_single", 1)]
+        assert (r["bytes_per_step"] > 0) == (r["workers"] > 1), r["run_id"]
+    # Sharded tables: each worker holds about 1/N of what one process holds; Horovod DP holds them whole.
+    held = {(r["model"], r["mode"], r["workers"]): max(r["embedding_bytes"]) for r in records}
+    whole = held[("dlrm", "estimator", 1)]
+    assert whole > 0 and held[("dlrm", "tf_mts", 1)] == whole and held[("dlrm", "hvd_dp", 2)] == whole
+    assert held[("dlrm", "hb", 2)] < 0.6 * whole and held[("dlrm", "sok", 2)] < 0.6 * whole
+
+
+@END_TO_END_TIMEOUT
+def test_every_mode_trains_the_same_model(tiny_run):
+    """The stock Estimator, plain TF, Horovod DP and the three backends start from the same tables and read the
+    same rows: their training losses agree (the rows' order within a global batch differs with N)."""
+    out, _ = tiny_run
+    losses = {}
+    for r in report.load_records(str(out)):
+        losses.setdefault(r["model"], {})[(r["mode"], r["workers"])] = r["loss"]
+    assert len(losses["dlrm"]) == 6
+    for model, by_run in losses.items():
+        values = np.array(list(by_run.values()))
+        assert np.all(np.isfinite(values)) and values.max() - values.min() < 2e-3 * values.mean(), (model, by_run)
 
 
 @END_TO_END_TIMEOUT
@@ -182,35 +199,41 @@ def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
     out, _ = tiny_run
     checked = 0
     for r in report.load_records(str(out)):
-        if r["mode"] == "tf_single":
+        if r["mode"] in ("estimator", "tf_mts", "replicated"):
             continue
         assert r["projected_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
+        if r["mode"] == "hb" and r["workers"] > 1:  # every tiny table is sharded: hb moves the lower bound
+            assert r["lower_bound_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
         checked += 1
-    assert checked == 5  # hb and sok on 2 and 3 workers, hvd_replicated on 2
+    assert checked == 8  # dlrm: hvd_dp, hb, sok on 2; embedding: hvd_dp on 2, hb and sok on 2 and 3
 
 
 @END_TO_END_TIMEOUT
-def test_report_has_every_backend_baseline_table_and_plot(tiny_run):
+def test_report_headlines_the_baselines_with_targets_and_plots(tiny_run):
     out, _ = tiny_run
     text = (out / "REPORT.md").read_text()
+    assert text.index("## Headline") < text.index("### Targets") < text.index("## Machine")
     for mode in MODES:
         assert f"| {mode} |" in text
-    for section in ("Headline", "Bytes on the wire", "Projected bytes per sample", "Memory per worker",
-                    "Metric parity"):
+    for figure in ("hb@1 / stock Estimator", "hb@2 / Horovod DP@2", "sok@2 / Horovod DP@2",
+                   "hb@2 bytes/sample / dedup lower bound"):
+        assert f"| dlrm | 96 | {figure} |" in text
+    for section in ("Bytes on the wire", "Memory per worker", "Training loss", "Communication at real table sizes",
+                    "The embedding-only step"):
         assert section in text
-    for png in ("throughput.png", "bytes.png", "memory.png", "metric.png", "projected_time.png"):
+    for png in ("throughput.png", "step_times.png", "bytes.png", "memory.png", projection_report.PLOT):
         assert (out / png).stat().st_size > 1000 and f"({png})" in text
-    projected = json.loads((out / "projection.json").read_text())["rows"]
+    projected = json.loads((out / "projection.json").read_text())["real_rows"]
     assert {r["workers"] for r in projected} == {1, 2, 3, 4, 8, 16}
-
 
 
 @END_TO_END_TIMEOUT
 def test_real_size_projection_calibrates_on_the_tiny_run_and_writes_its_section(tiny_run, tmp_path):
     out, _ = tiny_run
     calibration = real_projection.calibration_rows(report.load_records(str(out)))
-    assert {(c["backend"], c["workers"]) for c in calibration} == {
-        ("hb", 2), ("hb", 3), ("sok", 2), ("sok", 3), ("hvd_replicated", 2)}
+    assert {(c["model"], c["backend"], c["workers"]) for c in calibration} == {
+        ("embedding", "hb", 2), ("embedding", "hb", 3), ("embedding", "sok", 2), ("embedding", "sok", 3),
+        ("embedding", "hvd_replicated", 2), ("dlrm", "hb", 2), ("dlrm", "sok", 2), ("dlrm", "hvd_replicated", 2)}
     for c in calibration:
         assert c["sampled_bytes_per_sample"] == pytest.approx(c["measured_bytes_per_sample"], rel=1e-12)
         # sok's bytes do not depend on the ids; the others' are an expectation over two batches of 64 rows a worker.
@@ -218,7 +241,7 @@ def test_real_size_projection_calibrates_on_the_tiny_run_and_writes_its_section(
     rows = real_projection.projection_rows(worker_counts=[1, 2, 8, 1024], batch_size=64, dim=4)
     text = projection_report.projection_section(rows, calibration, str(tmp_path))
     assert (tmp_path / projection_report.PLOT).stat().st_size > 1000 and f"({projection_report.PLOT})" in text
-    assert text.count("| embedding | hb |") == 2 and "Largest error" in text
+    assert text.count("| embedding | hb |") == 2 and text.count("| dlrm | hb |") == 1 and "Largest error" in text
     for dataset in real_projection.DATASETS:
         assert f"**{dataset.name}**" in text
         for fabric in projection.FABRICS:
