@@ -18,6 +18,10 @@ needs no collective: every worker reads the checkpoint and keeps the keys it
 owns under its own world size, so a checkpoint written on N workers restores
 on M. A hash table's index is rebuilt from the keys (the index variables save
 nothing, :func:`not_saved`).
+
+An optimizer slot of a SOK table (Adam's moments, momentum, Adagrad's
+accumulator) is saved the same way, under the slot's own key, with the
+table's keys: :mod:`collective.sok.slots` gives slots these hooks.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Dict
+from typing import Callable, Dict, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from collective import comm
@@ -43,14 +48,31 @@ KEYS = "keys"
 _scratch: Dict[str, str] = {}
 
 
-def save_logical(var: tf.Variable) -> tf.Variable:
+def save_logical(var: tf.Variable, info: Optional[ShardInfo] = None, where: Optional[str] = None,
+                 write: Optional[Callable] = None) -> tf.Variable:
     """Makes checkpoints save ``var`` (a tagged SOK shard) as its logical table and restore it under any world size.
 
     Call it before anything tracks ``var`` (a checkpoint restored before the
-    variable exists restores into it as soon as it is tracked).
+    variable exists restores into it as soon as it is tracked). For an
+    optimizer slot (:mod:`collective.sok.slots`), ``info`` is its table's
+    layout, ``where`` names it in errors and ``write(var, info, keys, values)``
+    writes the restored rows this worker owns instead of :func:`restore_table`.
     """
-    var._serialize_to_tensors = lambda: _serialize(var)  # pylint: disable=protected-access
-    var._restore_from_tensors = lambda restored: _restore(var, restored)  # pylint: disable=protected-access
+    table = (lambda: info) if info is not None else (lambda: shard_of(var))
+    var._serialize_to_tensors = lambda: _serialize(var, table())  # pylint: disable=protected-access
+    var._restore_from_tensors = lambda restored: _restore(  # pylint: disable=protected-access
+        var, table(), restored, write or restore_table, where)
+    return var
+
+
+def refuse_save(var: tf.Variable, message: str) -> tf.Variable:
+    """Makes a save of a checkpoint holding ``var`` fail with ``ValueError(message)`` (a restore is untouched)."""
+    def fail():
+        raise ValueError(message)
+
+    spec = saveable_object_util.saveable_object.SaveSpec(fail, "", VALUES, dtype=var.dtype.base_dtype,
+                                                         device=var.device or "/cpu:0")
+    var._serialize_to_tensors = lambda: {VALUES: spec}  # pylint: disable=protected-access
     return var
 
 
@@ -80,13 +102,12 @@ def checkpoint_path(path: str) -> str:
     return os.path.join(_scratch["dir"], os.path.basename(os.path.normpath(str(path))) or "ckpt")
 
 
-def _serialize(var: tf.Variable) -> dict:
+def _serialize(var: tf.Variable, info: ShardInfo) -> dict:
     """The logical table as two lazy tensors: gathered when the save writes them, never on a restore.
 
     A restore also calls this (for names and dtypes only), so the gather
     hides behind ``SaveSpec`` callables that only a save evaluates.
     """
-    info = shard_of(var)
     gathered = {}
 
     def gather():
@@ -105,20 +126,86 @@ def _serialize(var: tf.Variable) -> dict:
             KEYS: save_spec(lambda: gather()[KEYS], "", KEYS, dtype=tf.int64, device=device)}
 
 
-def _restore(var: tf.Variable, restored: dict):
-    """Writes the restored keys this worker owns (under its own world size) into its shard."""
-    info = shard_of(var)
+def _restore(var: tf.Variable, info: ShardInfo, restored: dict, write: Callable, where: Optional[str]):
+    """Passes the restored keys this worker owns (under its own world size) and their rows to ``write``."""
     keys, values = tf.reshape(restored[KEYS], [-1]), restored[VALUES]
-    checks = _checks(info, keys, values)
+    checks = _checks(info, keys, values, where or f"SOK table {info.name}")
     with tf.control_dependencies(checks):
         mine = info.layout.owns(keys)
         keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
-    return assign_owned([var], info, keys, [values])
+    return write(var, info, keys, values)
 
 
-def _checks(info: ShardInfo, keys: tf.Tensor, values: tf.Tensor) -> list:
+def restore_table(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf.Tensor):
+    """Writes a table's restored rows; a hash table's index then holds exactly ``keys``, at rows ``0 ..``.
+
+    Slot rows whose write waits for this index (:func:`restore_hash_slot`) follow it.
+    """
+    done = assign_owned([var], info, keys, [values])
+    index = info.hash_index
+    if index is None:
+        return done
+    pending, index._sok_pending = getattr(index, "_sok_pending", []), []  # pylint: disable=protected-access
+    if tf.executing_eagerly():
+        index._sok_restored = (None, keys.numpy())  # pylint: disable=protected-access
+        for slot, slot_keys, values_, initial, graph in pending:
+            if graph is None and np.array_equal(slot_keys.numpy(), keys.numpy()):
+                _write_hash_slot(slot, index, slot_keys, values_, initial, None)
+            else:
+                logger.warning("sok checkpoint: %s restored other keys than its optimizer slot %s; the slot keeps "
+                               "its values", info.name, slot.name)
+        return done
+    graph = tf.compat.v1.get_default_graph()
+    done = tf.group(done)
+    index._sok_restored = (graph, done)  # pylint: disable=protected-access
+    writes = [_write_hash_slot(slot, index, k, v, initial, done) for slot, k, v, initial, g in pending if g is graph]
+    return tf.group(done, *writes)
+
+
+def restore_hash_slot(slot: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf.Tensor,
+                      initial: Optional[tf.Tensor], where: str):
+    """Writes an optimizer slot's restored rows at the rows its hash table's index gives the keys.
+
+    The table's own restore rebuilds the index (:func:`restore_table`: the
+    owned keys in ascending order at rows ``0 ..``, whatever held them before),
+    and a checkpoint restores table and slots in no fixed order. So the slot
+    writes now when the index was last rebuilt from these very keys (eagerly:
+    the same keys; in a graph: after that rebuild's op), else its write waits
+    for the table's restore. Every row the checkpoint does not give goes back
+    to the slot's initial value (a key inserted later starts its slots afresh).
+    """
+    if initial is None:
+        raise ValueError(f"{where}: the value its rows start with is not known (the slot existed before "
+                         "collective.sok saw its optimizer, or its rows start unequal), so the rows the checkpoint "
+                         "lacks cannot be reset; wrap the optimizer in sok.OptimizerWrapper before its first step, "
+                         "or restore with sok.load(path, variables, optimizer)")
+    index = info.hash_index
+    marker = getattr(index, "_sok_restored", None)
+    if tf.executing_eagerly():
+        if marker is not None and marker[0] is None and np.array_equal(marker[1], keys.numpy()):
+            return _write_hash_slot(slot, index, keys, values, initial, None)
+        graph = None
+    else:
+        graph = tf.compat.v1.get_default_graph()
+        if marker is not None and marker[0] is graph:
+            return _write_hash_slot(slot, index, keys, values, initial, marker[1])
+    pending = [p for p in getattr(index, "_sok_pending", []) if p[0] is not slot]
+    index._sok_pending = pending + [(slot, keys, values, initial, graph)]  # pylint: disable=protected-access
+    return None if graph is None else tf.no_op()
+
+
+def _write_hash_slot(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tensor, initial: tf.Tensor, after):
+    """The slot's initial value everywhere, then ``values`` at the rows ``index`` holds ``keys`` at."""
+    with tf.control_dependencies([after] if after is not None else []):
+        rows = index.find(keys)
+        held = rows >= 0
+        reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), tf.shape(slot)), read_value=False)
+    with tf.control_dependencies([reset] if reset is not None else []):
+        return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))
+
+
+def _checks(info: ShardInfo, keys: tf.Tensor, values: tf.Tensor, where: str) -> list:
     """The restored table's width and, without a hash table, its keys' range: errors eagerly, assertions in graphs."""
-    where = f"SOK table {info.name}"
     width = values.shape[-1] if values.shape.rank == 2 else None
     if width is not None and width != info.dim:
         raise ValueError(f"{where}: the checkpoint's table has {width} columns, this table {info.dim}; restore "

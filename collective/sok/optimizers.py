@@ -3,16 +3,23 @@
 Both are Keras optimizers working on each worker's rows. Gradients reach the
 embedding variables as ``IndexedSlices`` already summed over the workers that
 read the rows, so they must not be aggregated again
-(``experimental_aggregate_gradients=False``, as SOK's recipes pass).
+(``experimental_aggregate_gradients=False``, as SOK's recipes pass). Their
+slots of SOK tables checkpoint as the tables do (:mod:`collective.sok.slots`).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from collective.sok.slots import watch
+
 
 class Adam(tf.keras.optimizers.Adam):
     """SOK's Adam: Keras Adam (every row's moments decay each step, as dense Adam)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        watch(self)
 
 
 class LazyAdamOptimizer(tf.keras.optimizers.Adam):
@@ -25,6 +32,7 @@ class LazyAdamOptimizer(tf.keras.optimizers.Adam):
         if amsgrad:
             raise ValueError("LazyAdamOptimizer does not support amsgrad=True; use sok.optimizers.Adam")
         super().__init__(*args, **kwargs)
+        watch(self)
 
     def update_step(self, gradient, variable):
         if not isinstance(gradient, tf.IndexedSlices):

@@ -21,7 +21,10 @@ class OptimizerScope:
     In SOK it makes the optimizer create its slots as SOK variables. Here an
     embedding variable is an ordinary variable holding this worker's rows, so
     the optimizer's slots are already per-worker: the scope checks that every
-    variable is an embedding variable and changes nothing else.
+    variable is an embedding variable and changes nothing else. It does not
+    receive the optimizer, so a Keras checkpoint holding that optimizer saves
+    its slots as worker 0's copy (docs/sok.md): give the optimizer to
+    ``sok.OptimizerWrapper`` for slots that checkpoint as logical tables.
     """
 
     def __init__(self, trainable_variables: Sequence):

@@ -3,7 +3,8 @@
 A SOK variable's gradient reaches it as ``IndexedSlices`` already summed over
 the workers that read its rows (the exchange's backward pass), so the wrapper
 applies it locally, without any further aggregation; the wrapped optimizer's
-own sparse update runs on this worker's rows and slots.
+own sparse update runs on this worker's rows and slots. The optimizer's
+slots of SOK variables checkpoint as their tables do (:mod:`collective.sok.slots`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ from typing import Dict, Iterable, Tuple
 import tensorflow as tf
 
 from collective.embedding.table import shard_of
-
-
-def _is_keras_optimizer(optimizer) -> bool:
-    return hasattr(optimizer, "_var_key") and hasattr(optimizer, "_index_dict")
+from collective.sok import slots as sok_slots
 
 
 class OptimizerWrapper:
@@ -27,7 +25,7 @@ class OptimizerWrapper:
     """
 
     def __init__(self, optimizer):
-        self._optimizer = optimizer
+        self._optimizer = sok_slots.watch(optimizer)
 
     @property
     def optimizer(self):
@@ -41,27 +39,16 @@ class OptimizerWrapper:
             if shard_of(var) is None:
                 raise ValueError(f"sok.OptimizerWrapper.apply_gradients: '{var.name}' is not a SOK variable; "
                                  "split with sok.filter_variables and give the others to a plain optimizer")
-        if _is_keras_optimizer(self._optimizer):
-            return self._optimizer.apply_gradients(pairs, skip_gradients_aggregation=True, **kwargs)
-        return self._optimizer.apply_gradients(pairs, **kwargs)
+        if sok_slots.is_keras_optimizer(self._optimizer):
+            applied = self._optimizer.apply_gradients(pairs, skip_gradients_aggregation=True, **kwargs)
+        else:
+            applied = self._optimizer.apply_gradients(pairs, **kwargs)
+        sok_slots.hook_slots(self._optimizer, [v for _, v in pairs])  # slots made before the wrapper saw them
+        return applied
 
     def slots(self, var) -> Dict[str, tf.Variable]:
         """``{slot name: slot variable}`` of ``var`` (shaped like its local rows); empty before the first step."""
-        opt = self._optimizer
-        if _is_keras_optimizer(opt):
-            index = opt._index_dict.get(opt._var_key(var))  # pylint: disable=protected-access
-            if index is None:
-                return {}
-            found = {}
-            for attr, value in sorted(vars(opt).items()):
-                if attr in ("_variables", "_trainable_variables") or not isinstance(value, list) or \
-                        len(value) <= index or not all(isinstance(x, tf.Variable) for x in value):
-                    continue
-                slot = value[index]
-                if slot is not var and slot.shape == var.shape:
-                    found[attr.strip("_")] = slot
-            return found
-        return {name: opt.get_slot(var, name) for name in opt.get_slot_names() if opt.get_slot(var, name) is not None}
+        return sok_slots.slot_variables(self._optimizer, var)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_optimizer"], name)
