@@ -1,8 +1,9 @@
 """Turns a worker's pieces into fixed-size batches of numpy arrays, without TensorFlow.
 
-Rows move only as whole Arrow tables: a row group is read in one call, a
-shuffle window is permuted with one ``take``, a batch is one ``slice``, and a
-column becomes numpy without a per-row Python loop. List columns come out as
+Rows move only as whole Arrow tables: a row group is read in one call and a
+shuffle window is permuted with one ``take``. Each Arrow chunk of a window
+becomes numpy once, without a per-row Python loop, and its batches are views
+of it (only a batch spanning two chunks is copied). List columns come out as
 ``(values, row_splits)``.
 """
 
@@ -59,11 +60,6 @@ def column_to_numpy(name: str, column: Union[pa.ChunkedArray, pa.Array]) -> Colu
     return array.to_numpy(zero_copy_only=False).astype(numpy_dtype(array.type), copy=False)
 
 
-def table_to_numpy(table: pa.Table) -> Dict[str, Column]:
-    """Every column of ``table`` as numpy, by name."""
-    return {name: column_to_numpy(name, table.column(name)) for name in table.column_names}
-
-
 def _read_piece(files: Dict[str, pq.ParquetFile], piece: Piece, columns: Sequence[str]) -> pa.Table:
     handle = files.get(piece.path)
     if handle is None:
@@ -81,13 +77,52 @@ def _read_piece(files: Dict[str, pq.ParquetFile], piece: Piece, columns: Sequenc
 
 
 def _cut(pending: List[pa.Table], rng: Optional[np.random.Generator],
-         batch_size: int) -> Tuple[List[pa.Table], pa.Table]:
-    """Joins ``pending``, permutes it when shuffling, and cuts it into full batches and a rest."""
+         batch_size: int) -> Tuple[pa.Table, pa.Table]:
+    """Joins ``pending``, permutes it when shuffling, and cuts it into whole batches and a rest."""
     table = pa.concat_tables(pending)
     if rng is not None:
         table = table.take(pa.array(rng.permutation(table.num_rows)))
     full = (table.num_rows // batch_size) * batch_size
-    return [table.slice(start, batch_size) for start in range(0, full, batch_size)], table.slice(full)
+    return table.slice(0, full), table.slice(full)
+
+
+def _slice(column: Column, start: int, stop: int) -> Column:
+    """Rows ``[start, stop)`` of a numpy column: a view (list columns: values view, rebased row splits)."""
+    if isinstance(column, tuple):
+        values, splits = column
+        part = splits[start:stop + 1]
+        return values[part[0]:part[-1]], part - part[0]
+    return column[start:stop]
+
+
+def _split_column(name: str, column: pa.ChunkedArray, batch_size: int) -> List[Column]:
+    """``column`` as numpy batches of ``batch_size`` rows (the last may be short).
+
+    Each Arrow chunk becomes numpy once and a batch inside it is a view; only
+    a batch that spans chunks is joined (copied).
+    """
+    bounds = np.cumsum([0] + [len(chunk) for chunk in column.chunks])
+    converted: Dict[int, Column] = {}
+    batches: List[Column] = []
+    for start in range(0, len(column), batch_size):
+        stop = min(start + batch_size, len(column))
+        i = int(np.searchsorted(bounds, start, side="right")) - 1
+        if stop <= bounds[i + 1]:
+            if i not in converted:
+                converted[i] = column_to_numpy(name, column.chunk(i))
+            batches.append(_slice(converted[i], start - int(bounds[i]), stop - int(bounds[i])))
+        else:
+            batches.append(column_to_numpy(name, column.slice(start, stop - start)))
+    return batches
+
+
+def _batches(table: pa.Table, batch_size: int) -> Iterator[Dict[str, Column]]:
+    """``table`` as dicts of numpy columns of ``batch_size`` rows (the last may be short)."""
+    if not table.num_rows:
+        return
+    columns = {name: _split_column(name, table.column(name), batch_size) for name in table.column_names}
+    for i in range((table.num_rows + batch_size - 1) // batch_size):
+        yield {name: batches[i] for name, batches in columns.items()}
 
 
 def iterate_batches(pieces: Sequence[Piece], columns: Sequence[str], batch_size: int, *,
@@ -98,7 +133,8 @@ def iterate_batches(pieces: Sequence[Piece], columns: Sequence[str], batch_size:
     With ``shuffle_buffer > 0`` the order of pieces is shuffled every epoch
     and rows are shuffled within windows of at least ``shuffle_buffer`` rows,
     all from ``seed`` (and the epoch number), so a run is reproducible.
-    ``num_epochs=None`` repeats forever.
+    ``num_epochs=None`` repeats forever. Arrays are read-only views into the
+    window they were cut from; copy one to keep it apart from the rest.
     """
     if batch_size < 1:
         raise DataError(f"batch_size={batch_size} must be at least 1")
@@ -117,12 +153,12 @@ def iterate_batches(pieces: Sequence[Piece], columns: Sequence[str], batch_size:
             pending.append(table)
             rows += table.num_rows
             if rows >= window:
-                batches, rest = _cut(pending, rng, batch_size)
-                yield from (table_to_numpy(batch) for batch in batches)
+                full, rest = _cut(pending, rng, batch_size)
+                yield from _batches(full, batch_size)
                 pending, rows = [rest], rest.num_rows
         if rows:
-            batches, rest = _cut(pending, rng, batch_size)
-            yield from (table_to_numpy(batch) for batch in batches)
+            full, rest = _cut(pending, rng, batch_size)
+            yield from _batches(full, batch_size)
             if rest.num_rows and not drop_remainder:
-                yield table_to_numpy(rest)
+                yield from _batches(rest, batch_size)
         epoch += 1

@@ -87,44 +87,47 @@ def parquet_dataset(filenames: FileSpec, batch_size: int, fields: Optional[Seque
     for name in labels:
         if schema.get_field_index(name) < 0:
             raise DataError(f"label column {name!r} not found; the files have: {', '.join(schema.names)}")
-    columns = list(schema.names)
-    listed = {f.name for f in schema if is_list(f.type)}
+    listed = [f.name for f in schema if is_list(f.type)]
     batch_dim = batch_size if drop_remainder else None
-    signature: List[tf.TensorSpec] = []
+    specs: Dict[str, object] = {}
     for f in schema:
         dtype = _tf_dtype(f.type)
         if f.name in listed:
-            signature += [tf.TensorSpec([None], dtype), tf.TensorSpec([None if batch_dim is None else batch_dim + 1],
-                                                                      tf.int64)]
+            specs[f.name] = (tf.TensorSpec([None], dtype),
+                             tf.TensorSpec([None if batch_dim is None else batch_dim + 1], tf.int64))
         else:
-            signature.append(tf.TensorSpec([batch_dim], dtype))
+            specs[f.name] = tf.TensorSpec([batch_dim], dtype)
+    single_label = isinstance(label, str)
+
+    def nest_like_output(columns: Dict[str, object]):
+        """``columns`` (one batch, by name) in the dataset's element structure."""
+        if not labels:
+            return columns
+        features = {name: value for name, value in columns.items() if name not in labels}
+        targets = tuple(columns[name] for name in labels)
+        return features, targets[0] if single_label else targets
 
     def generate():
-        for batch in iterate_batches(pieces, columns, batch_size, shuffle_buffer=shuffle_buffer, seed=seed,
-                                     num_epochs=num_epochs, drop_remainder=drop_remainder):
-            flat = []
-            for name in columns:
-                value = batch[name]
-                flat.extend(value if name in listed else (value,))
-            yield tuple(flat)
+        for batch in iterate_batches(pieces, list(schema.names), batch_size, shuffle_buffer=shuffle_buffer,
+                                     seed=seed, num_epochs=num_epochs, drop_remainder=drop_remainder):
+            yield nest_like_output(batch)
 
-    def assemble(*flat):
-        out: Dict[str, object] = {}
-        it = iter(flat)
-        for name in columns:
-            if name in listed:
-                values, splits = next(it), next(it)
-                ragged = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
-                out[name] = ragged.to_sparse() if list_format == "sparse" else ragged
-            else:
-                out[name] = next(it)
-        if not labels:
-            return out
-        targets = [out.pop(name) for name in labels]
-        return out, targets[0] if isinstance(label, str) else tuple(targets)
+    def assemble(*element):
+        """(values, row_splits) pairs of list columns -> ragged or sparse tensors."""
+        features, targets = element if labels else (element[0], None)
+        columns = dict(features)
+        if labels:
+            columns.update(zip(labels, (targets,) if single_label else targets))
+        for name in listed:
+            ragged = tf.RaggedTensor.from_row_splits(*columns[name], validate=False)
+            columns[name] = ragged.to_sparse() if list_format == "sparse" else ragged
+        return nest_like_output(columns)
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=tuple(signature))
-    ds = ds.map(assemble, num_parallel_calls=None)
+    # One element per batch, in its final structure, and a map only for list columns: from_generator
+    # and a map cost per tensor and per element, the batches themselves are views (see batches.py).
+    ds = tf.data.Dataset.from_generator(generate, output_signature=nest_like_output(specs))
+    if listed:
+        ds = ds.map(assemble, num_parallel_calls=None)
     if prefetch:
         ds = ds.prefetch(prefetch)
     return ds
