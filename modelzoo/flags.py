@@ -116,5 +116,9 @@ def add_synthetic(p: argparse.ArgumentParser) -> None:
                    help="rows per Parquet row group (workers share row groups)")
 
 
-def add_embedding_dim(p: argparse.ArgumentParser, default: int = 16) -> None:
+def add_embedding_dim(p: argparse.ArgumentParser, default: int = 16, stddev: float = 0.01) -> None:
+    """``--embedding_dim`` and ``--embedding_stddev`` (the tables' truncated normal initialiser)."""
     p.add_argument("--embedding_dim", type=int, default=default, help="dimension of every embedding table")
+    p.add_argument("--embedding_stddev", type=float, default=stddev,
+                   help="standard deviation of the embeddings' initial values: small, so that ids seen rarely "
+                        "or never in training add little noise to the interactions")

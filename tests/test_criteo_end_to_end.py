@@ -14,8 +14,9 @@ from datasets import schema
 from launcher import run_workers
 
 ROWS, DIM = 3000, 4
+# 15 steps of a tiny DLRM learn C1 from embeddings started at dim ** -0.5, not at the zoo's small default.
 MODEL_FLAGS = ["--batch_size", 128, "--embedding_dim", DIM, "--bottom_mlp", "8,4", "--top_mlp", "8,1",
-               "--learning_rate", "0.1"]
+               "--learning_rate", "0.1", "--embedding_stddev", DIM ** -0.5]
 pytestmark = pytest.mark.timeout(900)
 
 _SERVE = """

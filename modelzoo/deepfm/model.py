@@ -36,7 +36,8 @@ def model_fn(features, labels, mode, params):
     linear = tf.compat.v1.layers.dense(numeric, 1, name="first_order_numeric",
                                        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
     first = tf.reduce_sum(weights, axis=[1, 2]) + tf.reshape(linear, [-1])
-    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=sharded, api=api)
+    embeddings = embedding_layer(features, spec, dim, "embedding", seed, stddev=params.get("embedding_stddev"),
+                                 sharded=sharded, api=api)
     second = fm_second_order(embeddings)
     deep_in = tf.concat([tf.reshape(embeddings, [-1, embeddings.shape[1] * dim]), numeric], axis=1)
     deep = mlp(deep_in, list(params["dnn"]) + [1], "dnn", seed + 1, last_activation=False)
@@ -51,14 +52,15 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 
 def _params(args, dataset) -> Dict[str, object]:
-    return {"spec": dataset.spec, "embedding_dim": args.embedding_dim, "dnn": list(args.dnn), "task": "binary",
+    return {"spec": dataset.spec, "embedding_dim": args.embedding_dim, "embedding_stddev": args.embedding_stddev,
+            "dnn": list(args.dnn), "task": "binary",
             "target": "label", "optimizer": args.optimizer, "learning_rate": args.learning_rate, "seed": args.seed,
             "plain": args.plain}
 
 
 RECIPE = Recipe(
     name="deepfm", description=__doc__.splitlines()[0], model_fn=model_fn,
-    defaults={"batch_size": 1024, "steps": 300, "learning_rate": 0.05, "optimizer": "adagrad",
+    defaults={"batch_size": 1024, "steps": 600, "learning_rate": 0.05, "optimizer": "adagrad",
               "shuffle_buffer": 0, "model_dir": data_lib.DEFAULT_CACHE + "/runs/deepfm",
               "data_help": data_lib.SYNTHETIC_HELP},
     add_flags=_flags, load_data=data_lib.load_synthetic, params=_params)

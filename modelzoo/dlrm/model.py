@@ -40,7 +40,8 @@ def model_fn(features, labels, mode, params):
         raise ValueError(f"DLRM's last top layer ({params['top_mlp'][-1]}) must be 1: it is the logit "
                          f"(e.g. --top_mlp {','.join(map(str, params['top_mlp']))},1)")
     x = mlp(numeric_tensor(features, spec), params["bottom_mlp"], "bottom_mlp", seed)
-    embeddings = embedding_layer(features, spec, dim, "embedding", seed, sharded=not params.get("plain"),
+    embeddings = embedding_layer(features, spec, dim, "embedding", seed, stddev=params.get("embedding_stddev"),
+                                 sharded=not params.get("plain"),
                                  api=params.get("embedding_api", "variables"))
     interactions = dot_interaction(tf.concat([x[:, None, :], embeddings], axis=1))
     logit = mlp(tf.concat([x, interactions], axis=1), params["top_mlp"], "top_mlp", seed + 1,
@@ -57,14 +58,15 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 
 def _params(args, dataset) -> Dict[str, object]:
-    return {"spec": dataset.spec, "embedding_dim": args.embedding_dim, "bottom_mlp": list(args.bottom_mlp),
+    return {"spec": dataset.spec, "embedding_dim": args.embedding_dim, "embedding_stddev": args.embedding_stddev,
+            "bottom_mlp": list(args.bottom_mlp),
             "top_mlp": list(args.top_mlp), "task": "binary", "target": "label", "optimizer": args.optimizer,
             "learning_rate": args.learning_rate, "seed": args.seed, "plain": args.plain}
 
 
 RECIPE = Recipe(
     name="dlrm", description=__doc__.splitlines()[0], model_fn=model_fn,
-    defaults={"batch_size": 1024, "steps": 300, "learning_rate": 0.05, "optimizer": "adagrad",
+    defaults={"batch_size": 1024, "steps": 900, "learning_rate": 0.1, "optimizer": "adagrad",
               "shuffle_buffer": 0, "model_dir": data_lib.DEFAULT_CACHE + "/runs/dlrm",
               "data_help": data_lib.SYNTHETIC_HELP},
     add_flags=_flags, load_data=data_lib.load_synthetic, params=_params)
