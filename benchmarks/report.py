@@ -332,9 +332,12 @@ def build(directory: str, note: str = "") -> str:
         lines += ["## Input pipeline", "",
                   f"`collective.data`'s Parquet reader pinned to one core (`benchmarks.data`), {reader['rows']:,} "
                   f"Criteo-shaped rows (40 columns), batch {reader['batch']:,}: "
-                  f"**{reader['tf_data_rows_per_s']:,.0f} rows/s** as a `tf.data` pipeline, "
+                  f"**{reader['tf_data_rows_per_s']:,.0f} rows/s** as a `tf.data` pipeline consumed in the graph "
+                  "(as a training step's `get_next`), "
+                  f"{reader.get('tf_data_eager_rows_per_s', float('nan')):,.0f} rows/s iterated by a Python loop, "
                   f"{reader['numpy_rows_per_s']:,.0f} rows/s as numpy batches (medians of "
-                  f"{len(reader.get('repeats', []))} repeats). Target: 2,000,000 rows/s per core.", ""]
+                  f"{len(reader.get('repeats', []))} repeats, load average {reader.get('load_average')}). "
+                  "Target: 2,000,000 rows/s per core.", ""]
     path = os.path.join(directory, "REPORT.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
