@@ -78,9 +78,14 @@ def _combine_where_held(group: List[Prepared]) -> List[tf.Tensor]:
     partial, columns_of = _partial_sums(group, held_keys, held_samples, held_weights, tf.reduce_sum(counts))
     received, _ = comm.alltoall(partial, tf.cast(counts, tf.int32))
     own = tf.reduce_sum(tf.reshape(received, [layout.world_size, -1, partial.shape[1]]), axis=0)
+    # One split (its gradient is one concat) rather than a slice per table (each slice's gradient is a
+    # zero tensor of the whole width, summed over the tables).
+    by_column = sorted(range(count), key=lambda t: columns_of[t][0])
+    pieces = tf.split(own, [columns_of[t][1] - columns_of[t][0] for t in by_column], axis=1)
+    piece_of = {t: piece for t, piece in zip(by_column, pieces)}
     out = []
-    for p, (lo, hi) in zip(group, columns_of):
-        summed = own[:p.num_segments, lo:hi]
+    for t, p in enumerate(group):
+        summed = piece_of[t][:p.num_segments]
         norm = combiners.normaliser(p.weights, p.segments, p.num_segments, p.req.combiner, dtype)
         combined = combiners.normalise(summed, norm)
         combined.set_shape([None, p.info.dim])
