@@ -2,7 +2,7 @@
 
 ================  ============================================================
 ``hb``            HybridBackend: dedup, alltoall ids, gather, alltoall vectors
-``sok``           SparseOperationKit: allgather + reduce-scatter for combined
+``sok``           SparseOperationKit: allgather ids + alltoall partial sums for combined
                   lookups, alltoall for plain ones
 ``replicated``    data parallelism: whole tables everywhere, allgathered ids
                   and sparse gradients
