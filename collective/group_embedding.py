@@ -11,7 +11,7 @@
 ``group_embedding_lookup_sparse`` looks up all its tables with one exchange
 per group (:func:`collective.embedding.lookup.lookup_sparse_group`): with
 the ``hb`` backend one id alltoall and one vector alltoall per embedding
-dimension, with ``sok`` one allgather and one reduce-scatter for all tables.
+dimension, with ``sok`` one allgather of ids and one alltoall of partial sums for all tables.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ world_size`` rows; worker ``r`` holds the rows ``key % world_size == r`` as
 its embedding variable of ``max_vocabulary_size_per_gpu`` rows. Lookups go
 through :mod:`collective.embedding.lookup` and the ``sok`` exchange:
 
-- ``DistributedEmbedding`` (SOK's combiner lookup): allgather of keys,
-  local gather and per-sample combine, reduce-scatter (the ``sok``
-  exchange), eagerly, in ``tf.function`` and in TF1 graphs.
+- ``DistributedEmbedding`` (SOK's combiner lookup): allgather of (key,
+  sample) rows, each rank sums the rows it holds per sample, alltoall of
+  the partial sums back to the rank that asked (the ``sok`` exchange),
+  eagerly, in ``tf.function`` and in TF1 graphs.
 - ``All2AllDenseEmbedding``: bucket keys by owner, alltoall, gather, alltoall back.
 
 ``use_hashtable=True`` (SOK's default) gives a hash-table vocabulary
