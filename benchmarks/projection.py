@@ -17,9 +17,10 @@ for a lookup through an ``embedding_column`` (one id per sample and table):
   of (id, sample) rows (16 bytes per id, one closing row per worker), one
   alltoall of the ``[B, sum of dims]`` partial sums to each other worker,
   and in the backward pass the alltoall of their gradients back.
-- ``hvd_replicated`` (and tables with fewer rows than workers under hb/sok,
-  which stay replicated): the sparse gradient, values ``[unique ids, dim]``
-  and int64 indices, allgathered.
+- ``hvd_replicated``: the sparse gradient, values ``[unique ids, dim]``
+  and int64 indices, allgathered. Tables with fewer rows than workers stay
+  whole under hb and sok; ``collective.training.average_gradients`` sends
+  their gradient as one allreduce of ``[rows, dim + 1]`` sums and counts.
 - dense variables: one ring allreduce, ``floor(2*S*(N-1)/N)`` per tensor.
 
 The time model charges every collective call a latency and the busiest
@@ -169,9 +170,12 @@ def traffic_bytes(tables: Sequence[TableTraffic], n: int, batch_size: int, backe
     group_ids: Dict[int, int] = {}  # sok: ids of each group's sharded tables per worker
     hb_groups = set()  # hb: one exchange per group and width
     for t in tables:
-        if backend == "hvd_replicated" or t.vocab < n:
+        if backend == "hvd_replicated":
             sent += sent_bytes("allgather", t.unique * (4 * t.dim + 8), n)
             out.other_calls += 2
+        elif t.vocab < n:  # left whole: its gradient's dense sums and row counts, allreduced
+            sent += sent_bytes("allreduce", t.vocab * (t.dim + 1) * 4, n)
+            out.other_calls += 1
         elif backend == "hb":
             sent += t.remote * (8 + 4 * t.dim) + t.incoming * 4 * t.dim
             hb_groups.add((t.group, t.dim))

@@ -129,7 +129,7 @@ def projection_section(rows: Sequence[Mapping[str, Any]], calibration: Sequence[
              "sizes: Criteo Kaggle's 26 column cardinalities (33.8M rows), and Criteo 1TB as MLPerf's DLRM "
              "reference hashes it (at most 40M rows per table, 204M in all); sources in "
              "`benchmarks/real_projection.py`. Under hb and sok a table with fewer rows than workers stays "
-             "replicated and its sparse gradient is allgathered. Dedup lower bound: every distinct id a worker "
+             "whole on every worker and its gradient is allreduced as dense sums. Dedup lower bound: every distinct id a worker "
              "needs from another owner crosses once (8 B), its vector comes back and its gradient goes out "
              "once, plus the dense allreduce.", "",
              "### Calibration: the same model at the measured configurations", ""]

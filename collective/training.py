@@ -105,6 +105,8 @@ def average_gradients(grads_and_vars):
                 pairs[i] = (tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape), var)
             else:
                 pairs[i] = (grad / n, var)
+        elif isinstance(grad, tf.IndexedSlices) and _dense_is_cheaper(grad, var, n):
+            pairs[i] = (_averaged_as_dense(grad, var, n), var)
         elif isinstance(grad, tf.IndexedSlices):
             values, indices = comm.allgather(grad.values), comm.allgather(grad.indices)
             pairs[i] = (tf.IndexedSlices(values / n, indices, grad.dense_shape), var)
@@ -114,6 +116,44 @@ def average_gradients(grads_and_vars):
     for i, reduced in zip(dense_at, comm.grouped_allreduce(dense, "average")):
         pairs[i] = (reduced, pairs[i][1])
     return pairs
+
+
+def _dense_is_cheaper(grad: tf.IndexedSlices, var, n: int) -> bool:
+    """Whether the replicated ``var``'s sparse gradient crosses the wire cheaper as a dense allreduce.
+
+    Decided from static shapes only, so every worker decides the same: a
+    variable with fewer rows than workers (a small table ``embedding_scope()``
+    left whole), or one whose dense allreduce sends fewer bytes than the
+    allgather of the gradient's static number of rows.
+    """
+    shape = var.shape
+    if not shape.is_fully_defined() or shape.rank < 1:
+        return False
+    rows, width = shape[0], max(1, shape[1:].num_elements())
+    if rows < n:
+        return True
+    nnz = grad.values.shape[0] if grad.values.shape.rank else None
+    if nnz is None:
+        return False
+    return 2 * rows * (width + 1) * (n - 1) / n < nnz * (width + 2) * (n - 1)  # float32 values, int64 indices
+
+
+def _averaged_as_dense(grad: tf.IndexedSlices, var, n: int) -> tf.IndexedSlices:
+    """The allgather path's result (every worker's rows, averaged) from one allreduce of dense sums.
+
+    Each worker scatters its slices into ``[rows, width + 1]`` (the last
+    column counts the row's slices); after the sum, the rows any worker
+    touched are returned as slices, so optimizers still update only those
+    rows, as they do on the allgathered slices.
+    """
+    rows = int(var.shape[0])
+    values = tf.reshape(grad.values, [tf.shape(grad.values)[0], -1])
+    counted = tf.concat([values, tf.ones_like(values[:, :1])], axis=1)
+    summed = comm.allreduce(tf.math.unsorted_segment_sum(counted, grad.indices, rows), "sum")
+    touched = tf.reshape(tf.where(summed[:, -1] > 0), [-1])
+    averaged = tf.gather(summed[:, :-1], touched) / n
+    return tf.IndexedSlices(tf.reshape(averaged, tf.concat([tf.shape(touched), tf.shape(grad.values)[1:]], 0)),
+                            tf.cast(touched, grad.indices.dtype), grad.dense_shape)
 
 
 @contextlib.contextmanager

@@ -39,9 +39,10 @@ def test_projection_counts_a_small_batch_by_hand():
     hvd = projection.step_bytes(ids, vocabs, 2, 2, 2, "hvd_replicated", dense).per_worker
     # Replicated: unique ids x (2 floats + int64 index) to the other worker: w0 has 1 unique id, w1 has 2.
     assert hvd.tolist() == [16 + 12, 32 + 12]
-    # A table with fewer rows than workers stays replicated under hb as well.
+    # A table with fewer rows than workers stays whole under hb: an allreduce of its [1, 2 + 1] floats (12 B),
+    # 12 * 2 * 1 // 2 = 12 B per worker.
     small = projection.step_bytes([np.array([0, 0, 0, 0])], [1], 2, 2, 2, "hb").per_worker
-    assert small.tolist() == [16, 16]
+    assert small.tolist() == [12, 12]
     assert projection.step_bytes([np.array([5, 6])], [10], 2, 1, 2, "hb", dense).total == 0
 
 

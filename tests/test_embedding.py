@@ -48,7 +48,7 @@ def sharded_run(request):
 @pytest.fixture(scope="module")
 def reference_training():
     batches = [cases.global_batch(step) for step in range(cases.STEPS)]
-    return {name: cases.train(name, batches) for name in cases.OPTIMIZERS}
+    return {name: cases.train(name, batches, with_small=True) for name in cases.OPTIMIZERS}
 
 
 def test_each_worker_holds_its_rows_only(sharded_run):
@@ -126,7 +126,7 @@ def test_safe_lookup_and_feature_column_equal_numpy(sharded_run):
 @pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
 def test_training_matches_one_process_on_the_global_batch(sharded_run, reference_training, optimizer):
     backend, n, res = sharded_run
-    losses, (t1, t2), (w, b) = reference_training[optimizer]
+    losses, (t1, t2), (w, b, small) = reference_training[optimizer]
     worker_losses = np.mean([res[r][f"{optimizer}_losses"] for r in range(n)], axis=0)
     np.testing.assert_allclose(worker_losses, losses, rtol=1e-5)
     for r in range(n):
@@ -134,5 +134,7 @@ def test_training_matches_one_process_on_the_global_batch(sharded_run, reference
         np.testing.assert_allclose(res[r][f"{optimizer}_t2"], held(t2, backend, r, n), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r][f"{optimizer}_w"], w, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r][f"{optimizer}_b"], b, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(res[r][f"{optimizer}_small"], small, rtol=1e-4, atol=1e-6)
     # Training moved the tables: parity is not two untouched copies.
+    assert not np.allclose(small, cases.table_values(3)[:2])
     assert not np.allclose(t1, cases.table_values(1))

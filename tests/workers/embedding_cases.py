@@ -70,8 +70,11 @@ def make_optimizer(name: str, train=tf.compat.v1.train):
     raise ValueError(name)
 
 
-def build_training(optimizer_name: str, strategy=None):
-    """Builds the model on placeholders; returns (loss, train_op, tables, dense_vars, feed)."""
+def build_training(optimizer_name: str, strategy=None, with_small: bool = False):
+    """Builds the model on placeholders; returns (loss, train_op, tables, dense_vars, feed).
+
+    ``with_small`` adds a 2-row table outside ``embedding_scope()`` (the last of ``dense_vars``).
+    """
     embedding_scope = strategy.embedding_scope() if strategy is not None else contextlib.nullcontext()
     dense_ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
     sp_ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, 3])
@@ -84,10 +87,18 @@ def build_training(optimizer_name: str, strategy=None):
             table_values(2)))
     e1 = tf.reshape(tf.nn.embedding_lookup(t1, dense_ids), [-1, 2 * DIM])
     e2 = tf.nn.embedding_lookup_sparse(t2, sp_ids, sp_weights, combiner="mean")
-    w = tf.compat.v1.get_variable("w", [3 * DIM, 1], initializer=tf.compat.v1.constant_initializer(
-        np.linspace(-0.3, 0.3, 3 * DIM).reshape(-1, 1)))
+    inputs = [e1, e2]
+    if with_small:
+        # A small table a user keeps out of embedding_scope: replicated, with a sparse gradient that workers
+        # average by allgather, or by one allreduce of dense sums where that sends less (3 workers: 2 rows < 3).
+        small = tf.compat.v1.get_variable("small", [2, DIM], initializer=tf.compat.v1.constant_initializer(
+            table_values(3)[:2]))
+        inputs.append(tf.nn.embedding_lookup(small, dense_ids[:, 0] % 2))
+    width = DIM * (len(inputs) + 1)
+    w = tf.compat.v1.get_variable("w", [width, 1], initializer=tf.compat.v1.constant_initializer(
+        np.linspace(-0.3, 0.3, width).reshape(-1, 1)))
     b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
-    logits = tf.matmul(tf.nn.relu(tf.concat([e1, e2], 1)), w) + b
+    logits = tf.matmul(tf.nn.relu(tf.concat(inputs, 1)), w) + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     in_scope = strategy.embedding_scope() if strategy is not None and optimizer_name.endswith("InScope") \
         else contextlib.nullcontext()
@@ -99,7 +110,7 @@ def build_training(optimizer_name: str, strategy=None):
         return {dense_ids: dense, sp_ids: sparse_value(rows, ids, len(dense)),
                 sp_weights: sparse_value(rows, weights, len(dense)), labels: lab}
 
-    return loss, train_op, (t1, t2), (w, b), feed
+    return loss, train_op, (t1, t2), (w, b, small) if with_small else (w, b), feed
 
 
 # Two samples: weights [1, -2] (sum -1) and [1, -1] (sum 0) on every worker.
@@ -118,10 +129,10 @@ def sparse_value(rows, values, batch):
     return tf.compat.v1.SparseTensorValue(np.stack([rows, cols], 1).astype(np.int64), values, [batch, 3])
 
 
-def train(optimizer_name: str, batches, strategy=None):
+def train(optimizer_name: str, batches, strategy=None, with_small: bool = False):
     """Runs the model over ``batches``; returns losses, final tables and dense weights."""
     with tf.Graph().as_default():
-        loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy)
+        loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy, with_small)
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
             losses = [sess.run([loss, train_op], feed(batch))[0] for batch in batches]

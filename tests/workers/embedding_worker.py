@@ -74,10 +74,10 @@ def run(backend):
         # Training parity.
         batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
         for name in optimizers:
-            losses, tables, dense_vars = cases.train(name, batches, strategy)
+            losses, tables, dense_vars = cases.train(name, batches, strategy, with_small=True)
             results[f"{name}_losses"] = losses
             results[f"{name}_t1"], results[f"{name}_t2"] = tables
-            results[f"{name}_w"], results[f"{name}_b"] = dense_vars
+            results[f"{name}_w"], results[f"{name}_b"], results[f"{name}_small"] = dense_vars
 
     os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
     np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)
