@@ -282,7 +282,9 @@ def build(directory: str, note: str = "") -> str:
         lines += [config["description"], ""]
     if note:
         lines += [f"**Note:** {note}", ""]
-    lines += ["## Headline: DLRM and DeepFM end to end, against what users run today", "",
+    shown = " and ".join({"dlrm": "DLRM", "deepfm": "DeepFM"}[m] for m in HEADLINE_MODELS
+                         if not headline.empty and m in set(headline["model"])) or "The models"
+    lines += [f"## Headline: {shown} end to end, against what users run today", "",
               "Samples/s of the whole training step (Parquet input pipeline, forward, backward, Adagrad) over all "
               "workers, median of the repeats with their spread, all measured in this one run. `/ stock "
               "Estimator`: over `tf.estimator.Estimator` with feature columns in one process; `/ Horovod DP@N`: "
