@@ -12,16 +12,11 @@ import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from benchmarks.projection import BACKENDS, FABRICS
+from benchmarks.report import markdown_table
 from collective import plots
 
 PLOT = "projection_real.png"
 SHOWN_WORKERS = (2, 3, 8, 64, 256, 1024)
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines) + "\n"
 
 
 def _by_key(rows: Sequence[Mapping[str, Any]]) -> Dict[Tuple[str, int, str], Mapping[str, Any]]:
@@ -105,7 +100,7 @@ def _calibration_lines(calibration: Sequence[Mapping[str, Any]]) -> List[str]:
              "" if c["sampled_bytes_per_sample"] is None else f"{c['sampled_bytes_per_sample']:,.1f}",
              f"{c['measured_over_lower_bound']:.3f}"] for c in calibration]
     worst = max(calibration, key=lambda c: abs(c["error_pct"]))
-    return [_table(["model", "backend", "N", "batch/worker", "scale", "measured B/sample", "model B/sample",
+    return [markdown_table(["model", "backend", "N", "batch/worker", "scale", "measured B/sample", "model B/sample",
                     "error", "counted on the run's batches", "measured / lower bound"], body),
             f"Largest error: {worst['error_pct']:+.2f}% ({worst['backend']}, N = {worst['workers']}). sok's bytes "
             "do not depend on the ids; hb's and hvd_replicated's do, through the distinct ids per worker. The "
@@ -142,7 +137,7 @@ def projection_section(rows: Sequence[Mapping[str, Any]], calibration: Sequence[
             hb = index[dataset, n, "hb"]
             body.append([str(n)] + cells + [f"{hb['lower_bound_per_sample']:,.0f}",
                                              f"{hb['over_lower_bound']:.2f}x"])
-        lines += [f"**{dataset}**", "", _table(["N"] + list(BACKENDS) + ["dedup lower bound", "hb / lower bound"],
+        lines += [f"**{dataset}**", "", markdown_table(["N"] + list(BACKENDS) + ["dedup lower bound", "hb / lower bound"],
                                               body)]
     lines += ["### Projected communication time per step and the fastest backend", "",
               "Model: `calls x latency x hops + busiest worker's bytes / bandwidth` (hops N-1 for alltoall, "
@@ -156,5 +151,5 @@ def projection_section(rows: Sequence[Mapping[str, Any]], calibration: Sequence[
         times = "; ".join(f"N={n}: " + " / ".join(f"{index[dataset, n, b][f'seconds[{fabric}]'] * 1e3:.3g}"
                                                    for b in BACKENDS) for n in at)
         body.append([dataset, fabric, spans, times])
-    lines += [_table(["dataset", "fabric", "fastest", "ms per step (" + " / ".join(BACKENDS) + ")"], body)]
+    lines += [markdown_table(["dataset", "fabric", "fastest", "ms per step (" + " / ".join(BACKENDS) + ")"], body)]
     return "\n".join(lines)

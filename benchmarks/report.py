@@ -147,14 +147,18 @@ def _cell(value: Any, floatfmt: str) -> str:
     return "n/a" if value is None else str(value)
 
 
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A GitHub Markdown table of formatted cells (pandas' to_markdown needs tabulate, which is not installed)."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines) + "\n"
+
+
 def _markdown(df: pd.DataFrame, floatfmt: str = ",.2f") -> str:
-    """``df`` as a GitHub Markdown table (pandas' to_markdown needs tabulate, which is not installed)."""
+    """``df`` as a Markdown table, floats formatted with ``floatfmt``."""
     if df.empty:
         return "_(no rows)_\n"
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v, floatfmt) for v in row) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(list(df.columns), [[_cell(v, floatfmt) for v in row] for row in df.itertuples(index=False)])
 
 
 def _panels(df: pd.DataFrame):

@@ -100,6 +100,15 @@ def train(kind):
     return tables, wrapper
 
 
+def twin_loss(tables, sparse_ids, kernel, bias, labels):
+    """The plain-TensorFlow model's loss on the global batch (eager or graph): one lookup per table."""
+    vectors = [tf.nn.embedding_lookup_sparse(t, sp, None, combiner=c)
+               for t, sp, c in zip(tables, sparse_ids, cases.COMBINERS)]
+    vectors = [tf.pad(v, [[0, cases.GLOBAL_BATCH - tf.shape(v)[0]], [0, 0]]) for v in vectors]
+    pred = tf.matmul(tf.concat(vectors, axis=1), kernel) + bias
+    return tf.reduce_sum(tf.square(pred - labels)) / cases.GLOBAL_BATCH
+
+
 def twin(kind):
     """Plain TensorFlow on the global batch: one table per SOK variable, C indexed by position in KEYS_C."""
     init = cases.initial_tables()
@@ -115,11 +124,7 @@ def twin(kind):
         ids["c"] = [[position[int(k)] for k in row] for row in ids["c"]]
         sparse = [tf.ragged.constant(ids[k], dtype=tf.int64, ragged_rank=1).to_sparse() for k in "abc"]
         with tf.GradientTape() as tape:
-            vectors = [tf.nn.embedding_lookup_sparse(t, sp, None, combiner=c)
-                       for t, sp, c in zip(tables, sparse, cases.COMBINERS)]
-            vectors = [tf.pad(v, [[0, cases.GLOBAL_BATCH - tf.shape(v)[0]], [0, 0]]) for v in vectors]
-            pred = tf.matmul(tf.concat(vectors, axis=1), kernel) + bias
-            loss = tf.reduce_sum(tf.square(pred - labels)) / cases.GLOBAL_BATCH
+            loss = twin_loss(tables, sparse, kernel, bias, labels)
         grads = tape.gradient(loss, tables + [kernel, bias])
         emb_opt.apply_gradients(zip(grads[:3], tables))
         dense_opt.apply_gradients(zip(grads[3:], [kernel, bias]))
@@ -231,11 +236,7 @@ def tf1_twin(kind, make):
         bias = v1.get_variable("bias", initializer=b0, use_resource=True)
         labels = v1.placeholder(tf.float64, [None, 1])
         ids = [v1.sparse_placeholder(tf.int64, [None, None]) for _ in range(3)]
-        vectors = [tf.nn.embedding_lookup_sparse(t, sp, None, combiner=c)
-                   for t, sp, c in zip(tables, ids, cases.COMBINERS)]
-        vectors = [tf.pad(v, [[0, cases.GLOBAL_BATCH - tf.shape(v)[0]], [0, 0]]) for v in vectors]
-        pred = tf.matmul(tf.concat(vectors, axis=1), kernel) + bias
-        loss = tf.reduce_sum(tf.square(pred - labels)) / cases.GLOBAL_BATCH
+        loss = twin_loss(tables, ids, kernel, bias, labels)
         grads = tf.gradients(loss, tables + [kernel, bias])
         train_op = tf.group(make().apply_gradients(zip(grads[:3], tables)),
                             make().apply_gradients(zip(grads[3:], [kernel, bias])))
