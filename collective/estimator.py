@@ -34,7 +34,8 @@ from typing import Any, Callable, Iterator, Optional
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from collective import checkpoint, comm, context, heartbeat, hooks as hooks_lib, session as session_lib, sync
+from collective import (checkpoint, comm, context, heartbeat, hooks as hooks_lib, preemption, session as session_lib,
+                        sync)
 from collective.embedding import hash_table
 from collective.tf_internals import estimator_lib, function_utils, patches
 
@@ -133,9 +134,12 @@ class CollectiveEstimator:
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         """``Estimator.train`` on every worker's share; returns ``self``."""
-        with self._running():
-            self._estimator.train(self._input_fn(input_fn), hooks=hooks, steps=steps, max_steps=max_steps,
-                                  saving_listeners=saving_listeners)
+        try:
+            with self._running():
+                self._estimator.train(self._input_fn(input_fn), hooks=hooks, steps=steps, max_steps=max_steps,
+                                      saving_listeners=saving_listeners)
+        finally:
+            preemption.uninstall()  # after an error too, which skips the checkpoint hook's end
         return self
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
@@ -167,7 +171,7 @@ class CollectiveEstimator:
         if not checkpoint_path:
             raise ValueError(f"no checkpoint in model_dir {self.model_dir!r} to export; train first or pass "
                              "checkpoint_path")
-        with self._running(), heartbeat.phase("save"):
+        with self._running(), heartbeat.phase("export"):
             return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
                                            serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
                                            as_text=as_text)

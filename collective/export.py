@@ -25,7 +25,7 @@ from typing import Callable, Dict, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from collective import comm, modes
+from collective import comm, heartbeat, modes
 from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
 from collective.tf_internals import compat, export_lib, export_utils, function_utils, patches
 
@@ -92,6 +92,13 @@ def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Calla
     if comm.rank() != 0:
         logger.info("export: rank %d leaves the SavedModel to rank 0", comm.rank())
         return None
+    with heartbeat.phase("export"):  # however long it takes, no stall (collective.stall)
+        return _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra, as_text,
+                                  clear_devices, strip_default_attrs)
+
+
+def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra, as_text, clear_devices,
+                       strip_default_attrs) -> bytes:
     checkpoint_path = _resolve_checkpoint(checkpoint_path)
     export_dir = export_utils.get_timestamped_export_dir(export_dir_base)
     temp_dir = export_utils.get_temp_export_dir(export_dir)

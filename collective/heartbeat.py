@@ -3,12 +3,12 @@
 The launcher gives each worker a file (``COLLECTIVE_HEARTBEAT_FILE``). The
 worker writes one line to it, ``<phase> <steps finished> <unix time>``, when
 a training step starts (``step``), when it ends (``idle``) and around work
-that every worker takes part in or waits for (``save``, ``evaluate``),
-which never counts as a stall. :class:`HeartbeatHook` writes the step lines;
-``collective.session.MonitoredTrainingSession`` and ``strategy.estimator()``
-add it. A program that trains without either sends no heartbeat, and the
-launcher cannot tell a stall from slow work: Gloo's own timeout is then
-the limit.
+that every worker takes part in or waits for (``save``, ``evaluate``,
+``export``), which never counts as a stall. :class:`HeartbeatHook` writes the
+step lines; ``collective.session.MonitoredTrainingSession`` and
+``strategy.estimator()`` add it. A program that trains without either sends
+no heartbeat (a save or an export there leaves none behind), and the launcher
+cannot tell a stall from slow work: Gloo's own timeout is then the limit.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from collective.stall import ENV
 
-_state = {"steps": 0, "phase": "idle"}
+_state: dict = {"steps": 0, "phase": None}  # phase None: no report yet
 
 
 def _path() -> Optional[str]:
@@ -41,19 +41,35 @@ def beat(phase: str, steps: Optional[int] = None) -> None:
         f.write(f"{phase} {_state['steps']} {time.time():.3f}\n")
 
 
+def _clear() -> None:
+    """Takes the report back: the launcher sees no heartbeat from this worker, as before the first one."""
+    _state["phase"] = None
+    path = _path()
+    if path is not None:
+        with open(path, "w", encoding="utf-8"):
+            pass
+
+
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Reports ``name`` (e.g. ``save``) for the duration of the block, then the phase before it."""
+    """Reports ``name`` (e.g. ``save``) for the duration of the block, then the phase before it (if any)."""
     before = _state["phase"]
     beat(name)
     try:
         yield
     finally:
-        beat(before)
+        if before is None:
+            _clear()
+        else:
+            beat(before)
 
 
 class HeartbeatHook(tf.compat.v1.train.SessionRunHook):
-    """Reports each training step's start and end."""
+    """Reports each training step's start and end (and ``idle`` from session creation on)."""
+
+    def begin(self):
+        if _state["phase"] is None:
+            beat("idle")
 
     def before_run(self, run_context):
         beat("step")

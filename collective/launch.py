@@ -26,10 +26,11 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from collective import devices
 from collective.devices import too_many_workers, visible_gpus
+from collective.stall import DEFAULT_FIRST_STEP_TIMEOUT, FIRST_STEP_TIMEOUT_ENV
 from collective.stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from collective.stall import ENV as HEARTBEAT_ENV
 from collective.stall import EXIT_CODE as STALL_EXIT_CODE
@@ -173,27 +174,28 @@ class Job:
         Returns the job's exit code (:data:`collective.stall.EXIT_CODE` for a stall).
         """
         next_check = time.monotonic() + 1.0
+        exited: Set[int] = set()
         while True:
-            if watch is not None and time.monotonic() >= next_check:
-                next_check = time.monotonic() + 1.0
-                stalled = watch.check()
-                if stalled:
-                    logger.error("%s\nstopping the job", stalled)
-                    self.stop()
-                    return STALL_EXIT_CODE
-            running = False
             for rank, proc in enumerate(self.procs):
                 code = proc.poll()
                 if code is None:
-                    running = True
-                elif code != 0:
+                    continue
+                if code != 0:
                     exit_code = code if code > 0 else 128 - code
                     logger.error("worker %d %s; stopping the other workers", rank, exit_reason(code))
                     self.stop()
                     return exit_code
-            if not running:
+                exited.add(rank)
+            if len(exited) == len(self.procs):
                 self._drain()
                 return 0
+            if watch is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                stalled = watch.check(exited=exited)  # polled just before: a worker that has exited is never blamed
+                if stalled:
+                    logger.error("%s\nstopping the job", stalled)
+                    self.stop()
+                    return STALL_EXIT_CODE
             time.sleep(0.05)
 
     def stop(self, grace: float = _GRACE_SECONDS) -> None:
@@ -251,12 +253,13 @@ def stop_grace_seconds() -> float:
     return seconds
 
 
-def run_local(command: List[str], size: int, gpus: Sequence[str],
-              stall_timeout: float = DEFAULT_STALL_TIMEOUT) -> int:
+def run_local(command: List[str], size: int, gpus: Sequence[str], stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+              first_step_timeout: float = DEFAULT_FIRST_STEP_TIMEOUT) -> int:
     """Runs ``command`` as ``size`` workers on this host and returns the job's exit code.
 
     Workers report progress to files in a temporary folder (:mod:`collective.stall`); with a
-    ``stall_timeout`` (seconds, 0: off) a job whose workers make no progress that long is stopped.
+    ``stall_timeout`` (seconds, 0: off) a job whose workers make no progress that long is stopped,
+    ``first_step_timeout`` (0: no limit) being the limit while a worker has finished no step.
     """
     server, port = _start_rendezvous(size)
     cores = os.cpu_count() or 1
@@ -267,11 +270,13 @@ def run_local(command: List[str], size: int, gpus: Sequence[str],
     for env, path in zip(envs, files):
         env[HEARTBEAT_ENV] = path
         if stall_timeout > 0:
-            # Gloo's own limit (30 s) would end waits our detector allows: a long save on one rank.
-            env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(stall_timeout + 60)))
+            # Gloo's own limit (30 s) would end waits our detector allows: a long save on one rank, a long first
+            # step on one rank.
+            env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(max(stall_timeout, first_step_timeout) + 60)))
     logger.info("starting %d worker(s): %s", size, " ".join(shlex.quote(c) for c in command))
     job = Job(command, envs)
-    watch = StallWatch(files, [p.pid for p in job.procs], stall_timeout) if stall_timeout > 0 else None
+    watch = (StallWatch(files, [p.pid for p in job.procs], stall_timeout, first_step_timeout)
+             if stall_timeout > 0 else None)
 
     def _interrupt(signum, _frame):
         # SIGTERM is a preemption notice: workers that train with checkpoints save one (collective.preemption).
@@ -330,8 +335,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="HOST:SLOTS,... for a multi-host job, handed to horovodrun; -H as horovodrun spells it")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop the job when no worker makes progress for this long (default: "
-                             "COLLECTIVE_STALL_TIMEOUT, else 300; 0: off); checkpoint saves and evaluation "
-                             "never count as a stall")
+                             "COLLECTIVE_STALL_TIMEOUT, else 300; 0: off); checkpoint saves, evaluation and "
+                             "export never count as a stall, and until a worker finishes its first step "
+                             "COLLECTIVE_FIRST_STEP_TIMEOUT (default 1800; 0: none) is the limit")
     parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
     own, rest = [], list(argv)
     while rest:
@@ -368,11 +374,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = worker_count(args.num_workers, gpus, devices.gpu_source())
         try:
             stall_timeout = timeout_from_env() if args.stall_timeout is None else args.stall_timeout
+            first_step_timeout = timeout_from_env(name=FIRST_STEP_TIMEOUT_ENV)
         except ValueError as err:
             raise LaunchError(str(err)) from None
         if stall_timeout < 0:
             raise LaunchError(f"--stall-timeout {stall_timeout:g} must be >= 0 (0 turns stall detection off)")
-        return run_local(command, size, gpus, stall_timeout)
+        return run_local(command, size, gpus, stall_timeout, first_step_timeout)
     except LaunchError as err:
         logger.error("%s", err)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from collective.embedding import coalescing
+from collective.embedding import coalescing, gradient_norms
 from collective.embedding import lookup as sharded
 from collective.embedding.table import shard_of
 from collective.tf_internals import embedding_ops, patches
@@ -37,9 +37,12 @@ def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_
     """``tf.compat.v1.nn.embedding_lookup`` (and, through it, the v2 name)."""
     table, info = _sharded(params)
     if table is None:
-        return patches.original(embedding_ops, "embedding_lookup")(
+        out = patches.original(embedding_ops, "embedding_lookup")(
             params, ids, partition_strategy=partition_strategy, name=name,
             validate_indices=validate_indices, max_norm=max_norm)
+        if not isinstance(params, (list, tuple)):
+            gradient_norms.record(params, out)
+        return out
     with tf.name_scope(name or "embedding_lookup"):
         return _clip(sharded.lookup(table, info, ids), max_norm)
 
@@ -50,9 +53,14 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
     """The shared body of ``embedding_lookup_sparse`` and ``safe_embedding_lookup_sparse``."""
     table, info = _sharded(params)
     if table is None:
-        return patches.original(embedding_ops, "embedding_lookup_sparse_impl")(
-            params, segment_ids, sp_weights, ids, combiner, ignore_weights, max_norm, allow_fast_lookup,
-            partition_strategy, name)
+        with gradient_norms.muted():  # TensorFlow's embedding_lookup inside: this records the combined lookup
+            out = patches.original(embedding_ops, "embedding_lookup_sparse_impl")(
+                params, segment_ids, sp_weights, ids, combiner, ignore_weights, max_norm, allow_fast_lookup,
+                partition_strategy, name)
+        if not isinstance(params, (list, tuple)) or len(params) == 1:
+            gradient_norms.record(params[0] if isinstance(params, (list, tuple)) else params, out, segment_ids,
+                                  None if ignore_weights else sp_weights.values, combiner or "mean")
+        return out
     if max_norm is not None:
         raise ValueError(f"max_norm is not supported for the sharded table '{info.name}'; clip the combined "
                          "vectors instead")

@@ -11,6 +11,12 @@ next run restores that checkpoint. ``python -m collective.launch`` forwards
 SIGTERM to the workers and gives them ``COLLECTIVE_STOP_GRACE_SECONDS``
 (default 60) before it kills them.
 
+When training ends (the hook's ``end``, an Estimator's ``train`` returning)
+SIGTERM gets its previous behaviour back, so a worker stopped after training
+(exporting, evaluating, or idle) ends at once as SIGTERM ends a process; a
+SIGTERM that arrived after the workers' last agreement ends it then, with
+:data:`EXIT_CODE`, once the final checkpoint is saved.
+
 A SIGTERM handler the program installed itself is left in place.
 """
 
@@ -25,6 +31,7 @@ logger = logging.getLogger("collective.preemption")
 EXIT_CODE = 128 + signal.SIGTERM
 _requested = threading.Event()
 _installed = False
+_previous = signal.SIG_DFL
 
 
 def _on_sigterm(signum, _frame) -> None:
@@ -39,18 +46,37 @@ def install() -> bool:
     Only the main thread can set signal handlers, and a handler the program
     set itself wins: in either case SIGTERM keeps its behaviour.
     """
-    global _installed
+    global _installed, _previous
     if _installed:
         return True
     if threading.current_thread() is not threading.main_thread():
         logger.debug("not on the main thread: SIGTERM stays as it is")
         return False
-    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
         logger.info("the program handles SIGTERM itself: no checkpoint on preemption")
         return False
     signal.signal(signal.SIGTERM, _on_sigterm)
-    _installed = True
+    _installed, _previous = True, signal.SIG_DFL if previous is None else previous
     return True
+
+
+def uninstall() -> bool:
+    """Gives SIGTERM back the behaviour it had before :func:`install` (training has ended).
+
+    Returns whether a SIGTERM arrived that no step acted on: the caller
+    then saves and leaves (:func:`exit_after_save`). Does nothing off the
+    main thread, or when the program replaced the handler since.
+    """
+    global _installed
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, _previous)
+    _installed = False
+    pending = _requested.is_set()
+    _requested.clear()
+    return pending
 
 
 def requested() -> bool:

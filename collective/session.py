@@ -53,7 +53,8 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
     the checkpoint it would write (a resumed run), which stays as it was.
     SIGTERM on any worker is a preemption notice (:mod:`collective.preemption`):
     all save the step they are at and exit. With ``save_steps`` that takes
-    the same small per-step allreduce.
+    the same small per-step allreduce. At :meth:`end` SIGTERM gets its
+    previous behaviour back.
     """
 
     def __init__(self, checkpoint_dir, save_secs=None, save_steps=None, saver=None,
@@ -127,13 +128,25 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
             if self._save(run_context.session, global_step):
                 run_context.request_stop()
 
+    def end(self, session):
+        try:
+            super().end(session)  # the checkpoint of the last step
+        finally:
+            # Training is over: a SIGTERM from now on (the launcher stopping the job) ends the process.
+            preempted = preemption.uninstall() if self._preemptible else False
+        if preempted:
+            preemption.exit_after_save(self._checkpoint_file(session.run(self._global_step_tensor)))
+
     def _save_and_exit(self, session) -> None:
         step = session.run(self._global_step_tensor)
         if step != self._timer.last_triggered_step():
             self._timer.update_last_triggered_step(step)
             self._save(session, step)
-        preemption.exit_after_save(self._get_saver().checkpoint_file(self._save_path, step)
-                                   if isinstance(self._get_saver(), Saver) else f"{self._save_path}-{step}")
+        preemption.exit_after_save(self._checkpoint_file(step))
+
+    def _checkpoint_file(self, step: int) -> str:
+        saver = self._get_saver()
+        return saver.checkpoint_file(self._save_path, step) if isinstance(saver, Saver) else f"{self._save_path}-{step}"
 
     def _save(self, session, step):
         for listener in self._listeners:

@@ -1,54 +1,51 @@
-"""Synchronous training inside ``CollectiveStrategy.scope()``.
+"""Synchronous training inside ``CollectiveStrategy.scope()``: gradients averaged where Horovod averages them.
 
 - Dense variables start equal on every worker: their initial value is rank
   0's, broadcast as part of the initialiser (so plain sessions,
   ``MonitoredTrainingSession`` and Estimators all get it, and a restore from
-  a checkpoint skips it).
-- ``tf.compat.v1.train.Optimizer.apply_gradients`` averages dense gradients
-  over workers with one grouped allreduce (sparse ones by allgather), and
-  divides the sharded tables' gradients by the world size: every worker's
-  loss is a mean over its own ``B / N`` examples, so this reproduces one
-  process training on the global batch. The learning rate is not rescaled.
+  a checkpoint skips it). Sharded tables and their optimizer slots
+  (:mod:`collective.embedding.tables`) are per-worker and never broadcast.
+- ``compute_gradients`` (and so ``minimize``) returns averaged gradients, as
+  Horovod's ``DistributedOptimizer`` does: dense gradients are averaged over
+  workers with one grouped allreduce (sparse ones of replicated variables by
+  allgather or a dense allreduce, whichever sends less). Anything a program
+  does between ``compute_gradients`` and ``apply_gradients`` (clipping,
+  scaling, summaries, accumulation) sees one process's gradients.
+- Sharded tables need no averaging: the exchange scales the gradients the
+  lookups send back by ``1 / N`` (``ShardInfo.gradient_scale``), so a table's
+  gradient is one process's as ``tf.gradients`` returns it, regularizers and
+  other terms of the loss included.
+- ``apply_gradients`` averages the gradients that are not averaged yet: those
+  of ``tf.gradients`` or a ``GradientTape``. A gradient computed from averaged
+  gradients (the output of ``compute_gradients``, clipped or scaled) is never
+  averaged again; one read back from a variable (accumulation) is averaged
+  once more, which leaves values equal on every worker unchanged.
+
+Every worker's loss must be a mean over its own ``B / N`` examples; the
+learning rate is not rescaled. The same holds for ``tf.compat.v1.train``
+optimizers (``hb.train``'s included) and Keras optimizers of both
+generations (``tf.keras.optimizers`` and ``.legacy``), whose
+``apply_gradients`` averages as above.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
+import functools
 import threading
-from typing import Iterator, Optional
+import weakref
+from typing import Callable, List, Sequence, Set
 
 import tensorflow as tf
 
 from collective import comm
-from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, shard_of, tag
-from collective.tf_internals import optimizer_lib, patches, variable_v1, variables
+from collective.embedding import gradient_norms, tables
+from collective.embedding.table import shard_of
+from collective.tf_internals import keras_compute_gradients, keras_optimizers, optimizer_lib, patches, variable_v1, \
+    variables
 
 _local = threading.local()
-
-
-class creating_shard:  # pylint: disable=invalid-name
-    """Marks the variable created inside the block as the shard ``info``."""
-
-    def __init__(self, info: ShardInfo):
-        self.info = info
-
-    def __enter__(self):
-        _local.shard = self.info
-
-    def __exit__(self, *exc):
-        _local.shard = None
-
-
-def _shard_owner(name: Optional[str]) -> Optional[ShardInfo]:
-    """The shard a variable named ``name`` belongs to (an optimizer slot of a sharded table)."""
-    if not name or tf.executing_eagerly():
-        return None
-    for table in tf.compat.v1.get_collection(SHARDED_COLLECTION):
-        info = shard_of(table)
-        if name.startswith(info.name + "/"):
-            return info
-    return None
+# Per graph: the ops whose outputs are averaged gradients.
+_averaged_ops: "weakref.WeakKeyDictionary[tf.Graph, Set[tf.Operation]]" = weakref.WeakKeyDictionary()
 
 
 def _broadcast_initial_value(initial_value, dtype):
@@ -60,24 +57,17 @@ def _broadcast_initial_value(initial_value, dtype):
 
 
 def _create(original, next_creator, kwargs):
-    shard = getattr(_local, "shard", None)
-    name = kwargs.get("name")
-    slot_of = None if shard is not None else _shard_owner(name)
+    shard = tables.current_shard()
     collections = kwargs.get("collections") or []
     local = tf.compat.v1.GraphKeys.LOCAL_VARIABLES in collections
     # Replicated variables start as rank 0's values; so do replicated-layout tables (an unseeded
-    # initializer would give each worker its own), while a sharded table's rows differ by design.
-    replicated = slot_of is None and (shard is None or shard.replicated)
+    # initializer would give each worker its own), while a sharded table's rows and its slots differ by design.
+    replicated = tables.deriving_from() is None and (shard is None or shard.replicated)
     if (replicated and not local and comm.world_size() > 1
             and kwargs.get("initial_value") is not None and kwargs.get("variable_def") is None):
         dtype = kwargs.get("dtype")
         kwargs = dict(kwargs, initial_value=_broadcast_initial_value(kwargs["initial_value"], dtype))
-    var = original(next_creator, **kwargs)
-    if slot_of is not None:
-        # A slot keeps everything about its table's layout (vocabulary, rank, hash index) but its own name/dim.
-        tag(var, dataclasses.replace(slot_of, name=var.op.name if not tf.executing_eagerly() else name,
-                                     dim=int(var.shape[-1])))
-    return var
+    return original(next_creator, **kwargs)
 
 
 def broadcasting_creator_v1(next_creator=None, **kwargs):
@@ -90,31 +80,78 @@ def broadcasting_creator_v2(next_creator=None, **kwargs):
     return _create(patches.original(variables, "default_variable_creator_v2"), next_creator, kwargs)
 
 
-def average_gradients(grads_and_vars):
-    """Averages dense gradients over workers and scales sharded ones; returns new pairs."""
+def _tensor_of(grad):
+    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _mark(grads: Sequence) -> None:
+    if tf.executing_eagerly():
+        _local.eager_averaged = [_tensor_of(g) for g in grads]  # kept alive, so identity is meaningful
+        return
+    for grad in grads:
+        tensor = _tensor_of(grad)
+        _averaged_ops.setdefault(tensor.graph, set()).add(tensor.op)
+
+
+def _averaged_checker() -> Callable[[object], bool]:
+    """A predicate: was this gradient averaged already, or computed from averaged gradients?"""
+    if tf.executing_eagerly():
+        recent = getattr(_local, "eager_averaged", [])
+        return lambda grad: any(_tensor_of(grad) is t for t in recent)
+    clean: Set[tf.Operation] = set()
+
+    def averaged(grad) -> bool:
+        tensor = _tensor_of(grad)
+        if not hasattr(tensor, "op"):
+            return False
+        marked = _averaged_ops.get(tensor.graph)
+        if not marked:
+            return False
+        seen, stack = set(), [tensor.op]
+        while stack:
+            op = stack.pop()
+            if op in marked:
+                return True
+            if op in seen or op in clean:
+                continue
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+        clean.update(seen)
+        return False
+
+    return averaged
+
+
+def average_gradients(grads_and_vars) -> List[tuple]:
+    """The pairs with every gradient of a replicated variable averaged over workers, each once.
+
+    Gradients of sharded tables and their slots are left as they are (the
+    exchange made them one process's); gradients averaged before, or computed
+    from averaged ones, are not averaged again.
+    """
     pairs = list(grads_and_vars)
     n = comm.world_size()
     if n == 1:
         return pairs
-    dense_at, dense = [], []
+    already = _averaged_checker()
+    dense_at, dense, averaged = [], [], []
     for i, (grad, var) in enumerate(pairs):
-        if grad is None:
+        if grad is None or shard_of(var) is not None or tables.slot_owner(var) is not None or already(grad):
             continue
-        if shard_of(var) is not None:
-            if isinstance(grad, tf.IndexedSlices):
-                pairs[i] = (tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape), var)
-            else:
-                pairs[i] = (grad / n, var)
-        elif isinstance(grad, tf.IndexedSlices) and _dense_is_cheaper(grad, var, n):
+        if isinstance(grad, tf.IndexedSlices) and _dense_is_cheaper(grad, var, n):
             pairs[i] = (_averaged_as_dense(grad, var, n), var)
+            averaged.append(pairs[i][0])
         elif isinstance(grad, tf.IndexedSlices):
             values, indices = comm.allgather(grad.values), comm.allgather(grad.indices)
             pairs[i] = (tf.IndexedSlices(values / n, indices, grad.dense_shape), var)
+            averaged.append(pairs[i][0])
         else:
             dense_at.append(i)
             dense.append(grad)
     for i, reduced in zip(dense_at, comm.grouped_allreduce(dense, "average")):
         pairs[i] = (reduced, pairs[i][1])
+        averaged.append(reduced)
+    _mark(averaged)
     return pairs
 
 
@@ -126,13 +163,15 @@ def _dense_is_cheaper(grad: tf.IndexedSlices, var, n: int) -> bool:
     left whole), or one whose dense allreduce sends fewer bytes than the
     allgather of the gradient's static number of rows.
     """
-    shape = var.shape
+    shape = tf.TensorShape(var.shape)
     if not shape.is_fully_defined() or shape.rank < 1:
         return False
-    rows, width = shape[0], max(1, shape[1:].num_elements())
+    dims = shape.as_list()
+    rows, width = dims[0], max(1, int(shape[1:].num_elements()))
     if rows < n:
         return True
-    nnz = grad.values.shape[0] if grad.values.shape.rank else None
+    values_shape = tf.TensorShape(grad.values.shape)
+    nnz = values_shape.as_list()[0] if values_shape.rank else None
     if nnz is None:
         return False
     return 2 * rows * (width + 1) * (n - 1) / n < nnz * (width + 2) * (n - 1)  # float32 values, int64 indices
@@ -146,7 +185,7 @@ def _averaged_as_dense(grad: tf.IndexedSlices, var, n: int) -> tf.IndexedSlices:
     touched are returned as slices, so optimizers still update only those
     rows, as they do on the allgathered slices.
     """
-    rows = int(var.shape[0])
+    rows = int(tf.TensorShape(var.shape).as_list()[0])
     values = tf.reshape(grad.values, [tf.shape(grad.values)[0], -1])
     counted = tf.concat([values, tf.ones_like(values[:, :1])], axis=1)
     summed = comm.allreduce(tf.math.unsorted_segment_sum(counted, grad.indices, rows), "sum")
@@ -156,33 +195,46 @@ def _averaged_as_dense(grad: tf.IndexedSlices, var, n: int) -> tf.IndexedSlices:
                             tf.cast(touched, grad.indices.dtype), grad.dense_shape)
 
 
-@contextlib.contextmanager
-def gradients_averaged() -> Iterator[None]:
-    """Inside the block, ``Optimizer.apply_gradients`` takes the gradients as already averaged.
+def averaged_compute(optimizer, compute: Callable, *args, **kwargs):
+    """``compute(*args, **kwargs)`` (an optimizer's ``compute_gradients``) with its gradients averaged.
 
-    ``hb.train.wraps_optimizer`` averages once and then runs the user's
-    ``apply_gradients``, which may call ``super().apply_gradients`` (the
-    scope's averaging one): that call must not average (and divide sharded
-    tables' gradients by N) a second time.
+    Tables' sparse gradients also carry the squared norm one process's would
+    have, which ``tf.clip_by_global_norm`` uses (:mod:`collective.embedding.gradient_norms`).
     """
-    previous = getattr(_local, "averaged", False)
-    _local.averaged = True
-    try:
-        yield
-    finally:
-        _local.averaged = previous
+    tables.watch_slots(optimizer)
+    pairs = average_gradients(compute(*args, **kwargs))
+    gradient_norms.attach(args[0] if args else kwargs.get("loss"), pairs)
+    return pairs
 
 
-def averaging_apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """``Optimizer.apply_gradients`` on gradients averaged over workers."""
-    apply = patches.original(optimizer_lib.Optimizer, "apply_gradients")
-    if getattr(_local, "averaged", False):
-        return apply(self, grads_and_vars, global_step=global_step, name=name)
-    return apply(self, average_gradients(grads_and_vars), global_step=global_step, name=name)
+def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
+    """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once."""
+    tables.watch_slots(optimizer)
+    return apply(average_gradients(grads_and_vars), *args, **kwargs)
+
+
+def _averaging(owner, attribute: str, averager: Callable) -> Callable:
+    @functools.wraps(getattr(owner, attribute))
+    def method(self, *args, **kwargs):
+        original = patches.original(owner, attribute).__get__(self)  # pylint: disable=unnecessary-dunder-call
+        return averager(self, original, *args, **kwargs)
+
+    return method
 
 
 patches.register(variable_v1, "default_variable_creator", broadcasting_creator_v1,
                  "dense variables start as rank 0's values")
 patches.register(variables, "default_variable_creator_v2", broadcasting_creator_v2, "the same for tf.Variable")
-patches.register(optimizer_lib.Optimizer, "apply_gradients", averaging_apply_gradients,
-                 "dense gradients averaged over workers, sharded gradients scaled for a global mean")
+patches.register(optimizer_lib.Optimizer, "compute_gradients",
+                 _averaging(optimizer_lib.Optimizer, "compute_gradients", averaged_compute),
+                 "gradients averaged over workers as Horovod's DistributedOptimizer does; slots of sharded "
+                 "tables tagged as they are made")
+patches.register(optimizer_lib.Optimizer, "apply_gradients",
+                 _averaging(optimizer_lib.Optimizer, "apply_gradients", averaged_apply),
+                 "gradients not averaged yet (tf.gradients, GradientTape) averaged once")
+for _keras_class in keras_optimizers:
+    patches.register(_keras_class, "apply_gradients", _averaging(_keras_class, "apply_gradients", averaged_apply),
+                     "Keras optimizers: gradients not averaged yet averaged once; slots of sharded tables tagged")
+for _keras_class, _method in keras_compute_gradients:
+    patches.register(_keras_class, _method, _averaging(_keras_class, _method, averaged_compute),
+                     "Keras optimizers' compute_gradients (and so minimize) averaged over workers")

@@ -190,24 +190,39 @@ tf.compat.v1.disable_v2_behavior()
 import collective.sok as sok
 keys = tf.constant(np.array([[[3]], [[8]]], np.int64))
 sparse = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 8], tf.int64), [2, 1])
+
+
+class Demo(tf.keras.models.Model):  # as NVIDIA's TF1 sparse-embedding test: `training` passed on positionally
+    def __init__(self, dense, pooled):
+        super().__init__()
+        self.dense, self.pooled = dense, pooled
+
+    def call(self, inputs, training=True):
+        return self.dense(inputs[0], training), self.pooled(inputs[1], training)
+
+
 for hashed in (False, True):
     dense = sok.All2AllDenseEmbedding(max_vocabulary_size_per_gpu=16, embedding_vec_size=4, slot_num=1,
                                       nnz_per_slot=1, use_hashtable=hashed)
     pooled = sok.DistributedEmbedding(combiner="sum", max_vocabulary_size_per_gpu=16, embedding_vec_size=4,
                                       slot_num=1, max_nnz=1, use_hashtable=hashed)
-    outputs = [dense(keys), pooled(sparse)]
+    outputs = [dense(keys), pooled(sparse), *Demo(dense, pooled)((keys, sparse), training=True)]
     assert dense.embedding_variable.dtype.base_dtype == tf.float32, dense.embedding_variable.dtype
     assert pooled.embedding_variable.dtype.base_dtype == tf.float32, pooled.embedding_variable.dtype
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        got = sess.run(outputs)
+        got = sess.run(outputs[:2]) + sess.run(outputs[2:])
     assert got[0].dtype == np.float32 and got[0].shape == (2, 1, 1, 4) and got[1].shape == (2, 1, 4)
+    np.testing.assert_array_equal(got[2], got[0])
+    np.testing.assert_array_equal(got[3], got[1])
 print("ok")
 """
 
 
-def test_sok_layers_build_float32_tables_under_tf1_behaviour():
-    """Regression: under disable_v2_behavior() the layers took their int64 keys' dtype for the table."""
+def test_sok_layers_under_tf1_behaviour_build_float32_tables_and_take_training_positionally():
+    """Regressions under disable_v2_behavior(): the layers took their int64 keys' dtype for the table, and
+    ``layer(ids, training)`` inside a model called with ``training=`` failed with "call() got multiple values for
+    argument 'training'"."""
     import subprocess  # pylint: disable=import-outside-toplevel
 
     proc = subprocess.run([sys.executable, "-c", TF1_LAYERS], capture_output=True, text=True, timeout=300)

@@ -82,3 +82,36 @@ def test_hash_table_export_serves_the_distributed_predictions(exported, tmp_path
     distributed = np.concatenate([res[r]["prediction"] for r in range(N)])
     np.testing.assert_allclose(served, distributed, rtol=1e-5, atol=1e-6)
     assert np.ptp(served) > 1e-3
+
+
+def test_export_reports_the_export_phase_to_the_launcher(tmp_path, monkeypatch):
+    """Regression: an export wrote no heartbeat, and one longer than the stall timeout was a stall. A program that
+    sent no heartbeat before the export sends none after it (the launcher has nothing to judge it by)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from collective import heartbeat  # pylint: disable=import-outside-toplevel
+    from collective.export import export_saved_model  # pylint: disable=import-outside-toplevel
+    from collective.stall import ENV, read_beat  # pylint: disable=import-outside-toplevel
+
+    path = str(tmp_path / "heartbeat")
+    monkeypatch.setenv(ENV, path)
+    monkeypatch.setattr(heartbeat, "_state", {"steps": 0, "phase": None})
+
+    def model(x):
+        return tf.matmul(x, tf.compat.v1.get_variable("w", [2, 1], initializer=tf.compat.v1.ones_initializer()))
+
+    with tf.Graph().as_default():
+        model(tf.zeros([1, 2]))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver().save(sess, str(tmp_path / "model.ckpt"))
+    seen = []
+
+    def signature_def():
+        seen.append(read_beat(path))
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        return tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": model(x)})
+
+    assert export_saved_model(str(tmp_path / "export"), prefix, signature_def)
+    assert seen[0] is not None and seen[0].phase == "export"
+    assert read_beat(path) is None

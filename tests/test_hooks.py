@@ -1,10 +1,13 @@
 """collective.hooks in one process (the multi-worker numbers are checked in test_estimator.py)."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from collective import CollectiveStrategy
+from collective import CollectiveStrategy, preemption
 from collective.hooks import GlobalMetricsHook, ThroughputHook
 
 
@@ -54,3 +57,38 @@ def test_global_metrics_hook_leaves_one_worker_values_alone():
             sess.run(update)
             hook.end(sess)
             assert sess.run(value) == pytest.approx(3.0)
+
+
+class _SigtermAfterLastStep(tf.compat.v1.train.SessionRunHook):
+    """Sends this process SIGTERM after the last step, once the workers' last agreement is past."""
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.run(tf.compat.v1.train.get_global_step()) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("late_sigterm", [False, True])
+def test_sigterm_gets_its_behaviour_back_when_the_session_closes(tmp_path, late_sigterm):
+    """Regression: the preemption handler stayed installed after training, so a later SIGTERM only set a flag.
+
+    A SIGTERM after the last step's agreement ends the program with 143 once the last checkpoint is saved.
+    """
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    try:
+        with CollectiveStrategy().scope(), tf.Graph().as_default():
+            _, train_op = linear_model()
+            tf.compat.v1.add_to_collection("train_op", train_op)
+            hooks = [_SigtermAfterLastStep()] if late_sigterm else []
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                    checkpoint_dir=str(tmp_path), hooks=hooks + [tf.compat.v1.train.StopAtStepHook(2)]) as sess:
+                assert signal.getsignal(signal.SIGTERM) is preemption._on_sigterm  # pylint: disable=protected-access
+                while not sess.should_stop():
+                    sess.run(train_op)
+        assert not late_sigterm, "a SIGTERM after the last step was swallowed"
+    except SystemExit as stop:
+        assert late_sigterm and stop.code == preemption.EXIT_CODE
+    finally:
+        handler = signal.getsignal(signal.SIGTERM)
+        preemption.uninstall()
+    assert handler is signal.SIG_DFL
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-2")

@@ -319,3 +319,18 @@ def test_a_long_save_on_rank_0_is_not_a_stall(tmp_path, uninterrupted):
                        env={"RESTART_SLOW_SAVE": "9:2", "COLLECTIVE_STALL_TIMEOUT": "3"}, timeout=START_TIMEOUT)
     assert "[0] rank 0 saving step 2 slowly" in proc.stdout
     cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{LAST_STEP}"), uninterrupted(LAST_STEP), "after a long save")
+
+
+def test_after_training_an_export_is_no_stall_and_sigterm_ends_the_worker(tmp_path):
+    """Regressions: a slow first step, and rank 0's export after rank 1 exited, were reported as stalls (blaming
+    the rank that had exited), and a SIGTERM after the session closed was taken for a preemption notice no step
+    would act on: the worker ran on and exited 0, and a launcher stopping the job had to kill it."""
+    seconds = 3.5  # each slow part stalls the job for longer than the stall timeout below
+    proc = run_workers("after_training.py", 2, [tmp_path / "model", seconds], check=False, timeout=START_TIMEOUT,
+                       env={"COLLECTIVE_STALL_TIMEOUT": "2"})
+    output = proc.stdout + proc.stderr
+    assert "the job stalled" not in output and "saving a checkpoint after this step" not in output, output[-4000:]
+    assert "[0] rank 0 exported with heartbeat phase export" in proc.stdout, output[-4000:]
+    assert list((tmp_path / "model" / "export").glob("*/saved_model.pb")), output[-4000:]
+    assert proc.returncode == 143 and "worker 0 was killed by SIGTERM (exit code 143)" in proc.stderr, output[-4000:]
+    assert "still running after SIGTERM" not in proc.stdout

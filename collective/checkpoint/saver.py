@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saver_pb2
 
-from collective import comm
+from collective import comm, heartbeat
 from collective.checkpoint import hash_tables, layout
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of
@@ -190,6 +190,12 @@ class Saver(saver_lib.Saver):
         Returns the checkpoint prefix (the same on every worker), or None when
         there is nothing to save.
         """
+        with heartbeat.phase("save"):  # the others wait in its barriers however long a worker writes: no stall
+            return self._save_all(sess, save_path, global_step, latest_filename, meta_graph_suffix, write_meta_graph,
+                                  write_state, strip_default_attrs, save_debug_info)
+
+    def _save_all(self, sess, save_path, global_step, latest_filename, meta_graph_suffix, write_meta_graph,
+                  write_state, strip_default_attrs, save_debug_info) -> Optional[str]:
         if not self._is_built:
             raise RuntimeError("`build()` should be called before save if defer_build==True")
         if self._is_empty:

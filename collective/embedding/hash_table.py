@@ -40,7 +40,7 @@ from collective.embedding.table import ShardInfo, shard_of, tag
 from collective.kernels.reference import EMPTY_KEY
 from collective.kernels.validation import check_table_shape
 from collective.tf_internals import control_flow_context
-from collective.training import creating_shard
+from collective.embedding.tables import creating_shard
 
 HASH_TABLES_COLLECTION = "collective_hash_tables"
 """Graph collection of every :class:`HashTable` built in the graph."""

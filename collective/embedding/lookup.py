@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from collective import context
-from collective.embedding import exchanges
+from collective.embedding import exchanges, gradient_norms
 from collective.embedding.combiners import pad_rows
 from collective.embedding.exchanges.base import Exchange, Prepared, Request, finish, owned_rows, prepare
 from collective.embedding.table import ShardInfo, shard_of
@@ -71,6 +71,8 @@ def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.T
     for (name, _), indices in groups.items():
         for i, out in zip(indices, exchanges.get(name).exchange([prepared[i] for i in indices])):
             outputs[i] = out
+    for p, out in zip(prepared, outputs):
+        gradient_norms.record(p.req.table, out, p.segments, p.weights, p.req.combiner)
     return outputs
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from collective.embedding import key_init
 from collective.embedding.layout import ShardLayout
+from collective.tf_internals import patches
 
 SHARDED_COLLECTION = "collective_sharded_tables"
 # Tables up to this logical size are initialised whole on every worker, each
@@ -45,6 +46,8 @@ class ShardInfo:
     hash_index: Any = None
     # Every worker holds the whole table (the ``replicated`` exchange).
     replicated: bool = False
+    # The factor on the gradient lookups send back to these rows (see :func:`tag`).
+    gradient_scale: float = 1.0
 
     @property
     def layout(self) -> ShardLayout:
@@ -67,7 +70,19 @@ def shard_of(var: Any) -> Optional[ShardInfo]:
 
 
 def tag(var: tf.Variable, info: ShardInfo) -> tf.Variable:
-    """Marks ``var`` as the local shard described by ``info``."""
+    """Marks ``var`` as the local shard described by ``info``.
+
+    A table tagged inside ``CollectiveStrategy.scope()`` follows the
+    strategy's loss contract: each worker's loss is a mean over its own
+    ``B / N`` examples, so the gradients that the N workers' lookups send back
+    to a row sum to N times one process's, and the exchange scales them by
+    ``1 / N`` (``gradient_scale``). The table's gradient is then one process's
+    the moment ``tf.gradients`` returns it, before any optimizer sees it.
+    Tables of SOK's own API made outside the scope keep SOK's contract (a
+    loss divided by the global batch size): scale 1.
+    """
+    if info.world_size > 1 and info.gradient_scale == 1.0 and patches.active():
+        info = dataclasses.replace(info, gradient_scale=1.0 / info.world_size)
     var._collective_shard = info  # pylint: disable=protected-access
     if not tf.executing_eagerly():
         tf.compat.v1.add_to_collection(SHARDED_COLLECTION, var)

@@ -3,14 +3,14 @@
 Every ``tf.compat.v1.train`` optimizer has a wrapper of the same name here
 (``hb.train.AdamOptimizer``...), and :func:`wraps_optimizer` makes one of a
 user's class. A wrapped optimizer trains synchronously inside or outside
-``hb.scope()``: dense gradients are averaged over workers and sharded
-tables' gradients scaled, exactly as :mod:`collective.training` does for
-every optimizer inside the scope (the wrapper calls TensorFlow's own
-``apply_gradients``, not the scope's, so nothing is averaged twice).
+``hb.scope()``, exactly as :mod:`collective.training` makes every optimizer
+inside the scope: ``compute_gradients`` averages, ``apply_gradients``
+averages what is not averaged yet, and no gradient is averaged twice.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import List, Optional
@@ -18,7 +18,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from collective import comm, context, training
-from collective.embedding import hash_table
+from collective.embedding import hash_table, tables
 from collective.embedding.table import shard_of
 from collective.tf_internals import optimizer_lib, patches
 
@@ -32,12 +32,12 @@ _NOT_WRAPPED = {
 }
 
 
-def _apply_impl(cls: type):
-    """The ``apply_gradients`` that ``cls`` inherits, and whether it is TensorFlow's base one."""
+def _inherited(cls: type, name: str):
+    """The ``name`` method ``cls`` inherits, TensorFlow's own where it comes from the base ``Optimizer``."""
     for klass in cls.__mro__:
-        if "apply_gradients" in klass.__dict__:
-            return klass.__dict__["apply_gradients"], klass is optimizer_lib.Optimizer
-    raise TypeError(f"{cls.__name__} has no apply_gradients; wraps_optimizer needs a tf.compat.v1.train.Optimizer")
+        if name in klass.__dict__:
+            return patches.original(klass, name) if klass is optimizer_lib.Optimizer else klass.__dict__[name]
+    raise TypeError(f"{cls.__name__} has no {name}; wraps_optimizer needs a tf.compat.v1.train.Optimizer")
 
 
 def wraps_optimizer(cls: type) -> type:
@@ -45,29 +45,34 @@ def wraps_optimizer(cls: type) -> type:
 
     Usable as a class decorator (``@hb.train.wraps_optimizer``). The returned
     class has the same name, constructor and behaviour except that
-    ``apply_gradients`` (hence ``minimize``) averages dense gradients over
-    workers and scales sharded tables' gradients for a global mean.
+    ``compute_gradients`` (hence ``minimize``) returns gradients averaged
+    over workers, as Horovod's ``DistributedOptimizer``, and
+    ``apply_gradients`` averages those not averaged yet (from ``tf.gradients``),
+    inside or outside ``hb.scope()``, each gradient once
+    (:mod:`collective.training`). Slots of sharded tables are the tables'
+    rows wherever the optimizer was built (:mod:`collective.embedding.tables`).
     """
     if not (isinstance(cls, type) and issubclass(cls, optimizer_lib.Optimizer)):
         raise TypeError(f"hb.train.wraps_optimizer needs a subclass of tf.compat.v1.train.Optimizer, got {cls!r}; "
-                        "Keras optimizers are not supported here")
+                        "Keras optimizers are averaged inside hb.scope() without a wrapper")
     if getattr(cls, "_collective_wrapped", False):
         return cls
-    impl, inherits_base = _apply_impl(cls)
+    compute, apply = _inherited(cls, "compute_gradients"), _inherited(cls, "apply_gradients")
+
+    def compute_gradients(self, *args, **kwargs):
+        comm.init()
+        return training.averaged_compute(self, functools.partial(compute, self), *args, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         comm.init()
-        pairs = training.average_gradients(grads_and_vars)
-        if inherits_base:
-            # TensorFlow's own apply_gradients, never the scope's averaging one: averaged once, here.
-            return patches.original(optimizer_lib.Optimizer, "apply_gradients")(
-                self, pairs, global_step=global_step, name=name)
-        with training.gradients_averaged():  # the user's super().apply_gradients must not average again
-            return impl(self, pairs, global_step=global_step, name=name)
+        return training.averaged_apply(self, functools.partial(apply, self), grads_and_vars,
+                                       global_step=global_step, name=name)
 
-    apply_gradients.__doc__ = (f"{cls.__name__}.apply_gradients on gradients averaged over workers "
-                               "(sharded tables' gradients scaled for a global mean).")
-    namespace = {"apply_gradients": apply_gradients, "_collective_wrapped": True,
+    compute_gradients.__doc__ = f"{cls.__name__}.compute_gradients, averaged over workers."
+    apply_gradients.__doc__ = (f"{cls.__name__}.apply_gradients; gradients not averaged yet are averaged over "
+                               "workers first.")
+    namespace = {"compute_gradients": compute_gradients, "apply_gradients": apply_gradients,
+                 "_collective_wrapped": True,
                  "__doc__": f"Synchronous {cls.__name__} over all workers (see hb.train.wraps_optimizer).\n\n"
                             + (inspect.getdoc(cls) or ""),
                  "__module__": cls.__module__, "__qualname__": cls.__qualname__}
@@ -134,7 +139,8 @@ def device_setter() -> str:
 def _same_on_every_worker(var) -> bool:
     """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index."""
     info = shard_of(var)
-    return (info is None or info.replicated) and not hash_table.is_index_state(var)
+    return ((info is None or info.replicated) and tables.slot_owner(var) is None
+            and not hash_table.is_index_state(var))
 
 
 class _BroadcastDenseVariablesHook(tf.compat.v1.train.SessionRunHook):

@@ -209,8 +209,12 @@ class DistributedEmbedding(_ShardedEmbedding):
         self.max_nnz = _positive("DistributedEmbedding", "max_nnz", max_nnz)
         self.max_feature_num = _positive("DistributedEmbedding", "max_feature_num", max_feature_num)
 
-    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
     def call(self, inputs, training=True):
+        # Undecorated: Keras reads this signature to find a positional ``training`` (``layer(ids, True)``).
+        return self._combine(inputs, training)
+
+    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
+    def _combine(self, inputs, training):
         self._check_call()
         if not isinstance(inputs, tf.SparseTensor):
             raise TypeError(f"DistributedEmbedding '{self.name}' takes a tf.SparseTensor of keys shaped "
@@ -247,8 +251,12 @@ class All2AllDenseEmbedding(_ShardedEmbedding):
         self.nnz_per_slot = _positive("All2AllDenseEmbedding", "nnz_per_slot", nnz_per_slot)
         self.dynamic_input = bool(dynamic_input)
 
-    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
     def call(self, inputs, training=True):
+        # Undecorated: Keras reads this signature to find a positional ``training`` (``layer(ids, True)``).
+        return self._look_up(inputs, training)
+
+    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: converting only slows graph building
+    def _look_up(self, inputs, training):
         self._check_call()
         keys = self._keys(tf.convert_to_tensor(inputs))
         with self._lookup_mode(training):

@@ -4,14 +4,12 @@ A slot of a SOK table (Adam's ``m``/``v``, momentum, Adagrad's accumulator)
 is this worker's rows of the slot, an ordinary variable inside the optimizer;
 left alone, a checkpoint stores worker 0's copy and every worker reads it.
 :func:`watch` (called by ``sok.OptimizerWrapper`` and ``sok.optimizers``)
-makes an optimizer create each slot of a SOK table under a variable creator
-that gives the slot its table's checkpoint hooks
-(:func:`collective.sok.checkpoint.save_logical`) before the optimizer tracks
-it, so a restore waiting for the slot (a checkpoint read before the first
-step) already goes through them. The slot-creating methods of Keras
-optimizers (``add_variable_from_reference``), legacy Keras optimizers
-(``add_slot``) and ``tf.compat.v1.train`` optimizers (``_zeros_slot``,
-``_get_or_make_slot*``) name the table, so a slot is never matched by name.
+makes an optimizer give each slot of a SOK table its table's checkpoint hooks
+(:func:`collective.sok.checkpoint.save_logical`) as it is created
+(:func:`collective.embedding.tables.watch_slots`, which knows the table by
+the object the slot-creating method received, never by name), before the
+optimizer tracks it, so a restore waiting for the slot (a checkpoint read
+before the first step) already goes through them.
 
 A slot not shaped like its table (Adafactor's factored moments) has no rows
 to reshard: a save of a checkpoint holding it fails naming table and optimizer.
@@ -25,14 +23,11 @@ from typing import Dict, Iterable, Optional
 
 import tensorflow as tf
 
+from collective.embedding import tables
 from collective.embedding.table import shard_of
 from collective.sok.checkpoint import refuse_save, restore_hash_slot, restore_table, save_logical
 
 logger = logging.getLogger("collective.sok")
-
-_CREATE_SLOT = ("add_variable_from_reference", "add_slot", "_zeros_slot", "_get_or_make_slot",
-                "_get_or_make_slot_with_initializer")
-_PRIMARY = ("model_variable", "var")  # the table argument's keyword in those methods
 
 
 def is_keras_optimizer(optimizer) -> bool:
@@ -42,15 +37,11 @@ def is_keras_optimizer(optimizer) -> bool:
 
 def watch(optimizer):
     """Makes ``optimizer`` give each slot it creates for a SOK table that table's checkpoint hooks; returns it."""
-    state = optimizer.__dict__
-    if state.get("_collective_sok_watched"):
-        return optimizer
-    for name in _CREATE_SLOT:
-        method = getattr(optimizer, name, None)
-        if callable(method):
-            state[name] = _hooking_slots(optimizer, method)
-    state["_collective_sok_watched"] = True
-    return optimizer
+    return tables.watch_slots(optimizer, functools.partial(_hook_created, optimizer))
+
+
+def _hook_created(optimizer, slot: tf.Variable, table: tf.Variable) -> tf.Variable:
+    return hook(slot, table, optimizer, created=True)
 
 
 def hook_slots(optimizer, variables: Iterable) -> None:
@@ -90,9 +81,9 @@ def slot_variables(optimizer, var, any_shape: bool = False) -> Dict[str, tf.Vari
 
 def hook(slot: tf.Variable, table: tf.Variable, optimizer, created: bool) -> tf.Variable:
     """Gives ``slot`` (of SOK table ``table``) its table's checkpoint hooks, or a save-time refusal."""
-    if slot.__dict__.get("_collective_slot_of") is not None:
+    if slot.__dict__.get("_collective_sok_hooked"):
         return slot
-    slot._collective_slot_of = table  # pylint: disable=protected-access
+    slot._collective_sok_hooked = True  # pylint: disable=protected-access
     info = shard_of(table)
     kind = type(optimizer).__name__
     where = f"optimizer slot '{slot.name}' ({kind}) of SOK table {info.name}"
@@ -107,23 +98,6 @@ def hook(slot: tf.Variable, table: tf.Variable, optimizer, created: bool) -> tf.
         return save_logical(slot, info, where, restore_table)
     initial = _initial_row(slot) if created else None
     return save_logical(slot, info, where, functools.partial(restore_hash_slot, initial=initial, where=where))
-
-
-def _hooking_slots(optimizer, create):
-    """``create`` (a slot-creating method) with the slots it makes for a SOK table hooked as they are made."""
-    @functools.wraps(create)
-    def create_slot(*args, **kwargs):
-        table = args[0] if args else next((kwargs[k] for k in _PRIMARY if k in kwargs), None)
-        if shard_of(table) is None:
-            return create(*args, **kwargs)
-
-        def hooking_creator(next_creator, **options):
-            return hook(next_creator(**options), table, optimizer, created=True)
-
-        with tf.variable_creator_scope(hooking_creator):
-            return create(*args, **kwargs)
-
-    return create_slot
 
 
 def _initial_row(slot: tf.Variable) -> Optional[tf.Tensor]:

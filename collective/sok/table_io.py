@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective import comm
+from collective import comm, heartbeat
 from collective.checkpoint.hash_tables import insert_rows
 from collective.embedding.table import ShardInfo
 
@@ -78,12 +78,13 @@ def write_dump(directory: str, name: str, keys: np.ndarray, values: np.ndarray) 
     os.makedirs(directory, exist_ok=True)
     order = np.argsort(keys, kind="stable")
     values = np.asarray(values)
-    for path, data in zip(dump_files(directory, name),
-                          (keys[order].astype(_KEY_DTYPE), values[order].astype(values.dtype.newbyteorder("<")))):
-        temporary = f"{path}.tmp{os.getpid()}"
-        with open(temporary, "wb") as out:
-            out.write(np.ascontiguousarray(data).tobytes())
-        os.replace(temporary, path)
+    with heartbeat.phase("save"):  # the other workers wait for worker 0's files: no stall
+        for path, data in zip(dump_files(directory, name), (keys[order].astype(_KEY_DTYPE),
+                                                            values[order].astype(values.dtype.newbyteorder("<")))):
+            temporary = f"{path}.tmp{os.getpid()}"
+            with open(temporary, "wb") as out:
+                out.write(np.ascontiguousarray(data).tobytes())
+            os.replace(temporary, path)
     logger.info("sok: dumped %d keys of %s into %s", len(keys), name, directory)
 
 

@@ -14,9 +14,13 @@ name here                    what for                                           
 ===========================  ========================================================  =========================
 ``nest``                     ``map_structure_with_paths`` (not in ``tf.nest``)         sync
 ``embedding_ops``            the lookups routed to the exchange                        lookups
+``clip_ops``                 ``global_norm`` (tables' gradients as one process's)      embedding.gradient_norms
 ``variable_v1``,             the default variable creators (rank 0's initial values)   training
 ``variables``
-``optimizer_lib``            ``tf.compat.v1.train.Optimizer.apply_gradients``          training, hb.train
+``optimizer_lib``            ``tf.compat.v1.train.Optimizer.apply_gradients``,         training, hb.train
+                             ``compute_gradients``
+``keras_optimizers``,        Keras optimizers (``keras.src``) of both generations:     training
+``keras_compute_gradients``  their ``apply_gradients`` and ``compute_gradients``
 ``monitored_session``        ``MonitoredTrainingSession``, ``USE_DEFAULT``             session
 ``basic_session_run_hooks``  the base ``CheckpointSaverHook``                          session
 ``training_util``            ``GLOBAL_STEP_READ_KEY``, ``global_step``                 session, checkpoint.saver
@@ -114,11 +118,13 @@ _check_installed()
 # pylint: disable=wrong-import-position,ungrouped-imports
 from keras.src.feature_column import dense_features  # noqa: E402
 from keras.src.layers.normalization import batch_normalization  # noqa: E402
+from keras.src.optimizers import optimizer as keras_optimizer  # noqa: E402
+from keras.src.optimizers.legacy import optimizer_v2 as keras_legacy_optimizer  # noqa: E402
 from tensorflow.python.checkpoint import checkpoint_management  # noqa: E402
 from tensorflow.python.feature_column import feature_column as feature_column_v1  # noqa: E402
 from tensorflow.python.feature_column import feature_column_v2  # noqa: E402
 from tensorflow.python.framework import func_graph  # noqa: E402
-from tensorflow.python.ops import embedding_ops, io_ops, variable_v1, variables  # noqa: E402
+from tensorflow.python.ops import clip_ops, embedding_ops, io_ops, variable_v1, variables  # noqa: E402
 from tensorflow.python.ops.variable_scope import _PartitionInfo as PartitionInfo  # noqa: E402
 from tensorflow.python.saved_model.model_utils import export_utils  # noqa: E402
 from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util  # noqa: E402
@@ -129,6 +135,12 @@ from tensorflow.python.util import compat, function_utils, nest  # noqa: E402
 from tensorflow_estimator.python.estimator import estimator as estimator_lib  # noqa: E402
 from tensorflow_estimator.python.estimator.export import export_lib  # noqa: E402
 # pylint: enable=wrong-import-position,ungrouped-imports
+
+# Keras optimizers of both generations, each class that defines apply_gradients (legacy ``OptimizerV2``,
+# ``tf.keras.optimizers.Optimizer``), and where each defines compute_gradients.
+keras_optimizers = (keras_legacy_optimizer.OptimizerV2, keras_optimizer.Optimizer)
+keras_compute_gradients = ((keras_legacy_optimizer.OptimizerV2, "_compute_gradients"),
+                           (keras_optimizer._BaseOptimizer, "compute_gradients"))  # pylint: disable=protected-access
 
 
 def all_saveable_objects(scope: Optional[str] = None) -> List:
@@ -143,8 +155,9 @@ def control_flow_context(graph: tensorflow.Graph):
 
 __all__ = [
     "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context",
-    "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "compat",
+    "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "clip_ops", "compat",
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
-    "feature_column_v2", "func_graph", "function_utils", "io_ops", "monitored_session", "nest", "optimizer_lib",
+    "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",
+    "monitored_session", "nest", "optimizer_lib",
     "saveable_object_util", "saver_lib", "training_util", "variable_v1", "variables",
 ]

@@ -20,8 +20,13 @@ them for a block of its own with :func:`applied`.
                                                           ``safe_`` variant, feature columns) likewise
 ``variable_v1.default_variable_creator`` (training)       dense variables start as rank 0's values
 ``variables.default_variable_creator_v2`` (training)      the same for ``tf.Variable``
-``optimizer.Optimizer.apply_gradients`` (training)        dense gradients averaged over workers, sharded
-                                                          gradients scaled for a global mean
+``optimizer.Optimizer.compute_gradients`` (training)      gradients averaged over workers, as Horovod's
+                                                          ``DistributedOptimizer``; slots of sharded tables
+                                                          tagged as the table's rows when made
+``optimizer.Optimizer.apply_gradients`` (training)        gradients not averaged yet (``tf.gradients``)
+                                                          averaged once
+Keras ``OptimizerV2`` and ``Optimizer`` ``apply_gradients``  the same for Keras optimizers of both generations
+and ``compute_gradients`` (training)
 ``monitored_session.MonitoredTrainingSession`` (and the   every worker creates its session as a chief and saves
 ``tf.compat.v1.train`` name) (session)                    checkpoints with the others; rank 0 alone writes
                                                           summaries
@@ -162,7 +167,8 @@ def patched() -> Iterator[None]:
 
 @contextlib.contextmanager
 def suspended(names: Tuple[str, ...] = ("default_variable_creator", "default_variable_creator_v2",
-                                        "apply_gradients")) -> Iterator[None]:
+                                        "apply_gradients", "compute_gradients", "_compute_gradients")
+              ) -> Iterator[None]:
     """TensorFlow's originals of the patched attributes ``names`` for the block (default: creators, optimizer).
 
     Export builds its graph with the variable creators and optimizer

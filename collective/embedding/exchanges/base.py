@@ -127,8 +127,27 @@ def owned_rows(p: Prepared, ids: tf.Tensor) -> tf.Tensor:
     """Vectors of int64 ``ids`` that this rank holds, read from ``p``'s local table."""
     index = p.info.hash_index
     if index is not None:
-        return index.owned_vectors(p.req.table, ids)
-    return tf.gather(p.req.table, p.info.layout.local_row(ids))
+        rows = index.owned_vectors(p.req.table, ids)
+    else:
+        rows = tf.gather(p.req.table, p.info.layout.local_row(ids))
+    return scale_gradient(rows, p.info.gradient_scale)
+
+
+def scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
+    """``x`` forward; its gradient times ``scale`` backward (the table's loss contract, ``ShardInfo.gradient_scale``)."""
+    if scale == 1.0:
+        return x
+
+    @tf.custom_gradient
+    def scaled(value):
+        def grad(upstream):
+            if isinstance(upstream, tf.IndexedSlices):
+                return tf.IndexedSlices(upstream.values * scale, upstream.indices, upstream.dense_shape)
+            return upstream * scale
+
+        return tf.identity(value), grad
+
+    return scaled(x)
 
 
 def finish(p: Prepared, vectors: tf.Tensor) -> tf.Tensor:

@@ -1,0 +1,185 @@
+"""One process's global norm of gradients that reach embedding tables as sparse slices.
+
+``tf.clip_by_global_norm`` sums the squares of what each gradient holds. A
+table's gradient in one process is ``IndexedSlices`` whose slices depend on
+the lookup: one slice per id for ``embedding_lookup`` (and weighted combined
+lookups), one per distinct id of the whole batch for unweighted combined
+lookups (TensorFlow deduplicates them). On N workers a table's gradient holds
+only this worker's rows, and an averaged replicated variable's slices come
+from every worker's own batch, so the plain sum of squares is not one
+process's.
+
+Every lookup made in ``CollectiveStrategy.scope()`` records itself
+(:func:`record`). ``compute_gradients`` then attaches to each sparse
+gradient it returns the squared norm one process's gradient of that variable
+would have (:func:`attach`), a tensor computed only if something asks for
+it, and :func:`global_norm` (installed as ``tf.linalg.global_norm``, which
+``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
+gradient (a regularizer made it dense) counts all workers' rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Dict, List, NamedTuple, Optional
+
+import tensorflow as tf
+
+from collective import comm
+from collective.embedding.table import shard_of
+from collective.tf_internals import clip_ops, patches
+
+OCCURRENCE, DISTINCT = "occurrence", "distinct"
+
+_local = threading.local()
+
+
+class _Lookup(NamedTuple):
+    table: object
+    output: tf.Tensor   # what the lookup returned
+    kind: str           # OCCURRENCE: one slice per id in one process; DISTINCT: one per distinct id of the batch
+    # A combined lookup's ids' segments and weights, and its combiner; None for one vector per id.
+    segments: Optional[tf.Tensor] = None
+    weights: Optional[tf.Tensor] = None
+    combiner: Optional[str] = None
+
+
+_lookups: "weakref.WeakKeyDictionary[tf.Graph, List[_Lookup]]" = weakref.WeakKeyDictionary()
+_attached: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, tf.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def record(table, output: tf.Tensor, segments: Optional[tf.Tensor] = None, weights: Optional[tf.Tensor] = None,
+           combiner: Optional[str] = None) -> None:
+    """Records a lookup of ``table`` that returned ``output``.
+
+    Plain lookups (one vector per id) give no ``combiner``; combined ones give
+    their ids' ``segments``, ``weights`` (None: unweighted, which TensorFlow
+    deduplicates) and ``combiner``.
+    """
+    if tf.executing_eagerly() or getattr(_local, "muted", False) or not hasattr(output, "graph"):
+        return
+    kind = DISTINCT if combiner is not None and weights is None else OCCURRENCE
+    _lookups.setdefault(output.graph, []).append(_Lookup(table, output, kind, segments, weights, combiner))
+
+
+class muted:  # pylint: disable=invalid-name
+    """Lookups made inside the block are not recorded (an outer lookup records its own vectors)."""
+
+    def __enter__(self):
+        self._previous = getattr(_local, "muted", False)
+        _local.muted = True
+
+    def __exit__(self, *exc):
+        _local.muted = self._previous
+
+
+def attach(loss, pairs) -> None:
+    """Attaches to each gradient in ``pairs`` that needs it the squared norm one process's gradient would have."""
+    if tf.executing_eagerly() or not isinstance(loss, (tf.Tensor, tf.Variable)) or not hasattr(loss, "graph"):
+        return
+    recorded = _lookups.get(loss.graph, [])
+    attached = _attached.setdefault(loss.graph, {})
+    n = comm.world_size()
+    for grad, var in pairs:
+        if grad is None:
+            continue
+        info = shard_of(var)
+        if isinstance(grad, tf.IndexedSlices):
+            lookups = [lk for lk in recorded if lk.table is var]
+            if lookups:
+                attached[grad.values.ref()] = _sparse_square_norm(loss, var, lookups, n)
+        elif info is not None and not info.replicated and n > 1:
+            attached[tf.convert_to_tensor(grad).ref()] = comm.allreduce(
+                tf.reduce_sum(tf.square(tf.cast(grad, tf.float32))), "sum")
+
+
+def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
+    info = shard_of(var)
+    upstream = tf.gradients(loss, [lk.output for lk in lookups])
+    summed: List[tf.Tensor] = []   # this worker's share of a sum over workers
+    whole: List[tf.Tensor] = []    # already the sum over workers
+    for lk, grad in zip(lookups, upstream):
+        if grad is None:
+            continue
+        grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
+        if lk.kind == OCCURRENCE:  # one process's slice per id: this worker's, scaled to the global mean
+            summed.append(_occurrence_square_norm(lk, grad / n))
+            continue
+        rows = _table_gradient_of(lk, grad, var)
+        if rows is None:
+            continue
+        values = tf.cast(rows.values, tf.float32)
+        if info is None:  # a replicated variable: this worker's rows of its own batch, averaged over workers
+            dense = tf.math.unsorted_segment_sum(values, rows.indices, tf.shape(var, out_type=rows.indices.dtype)[0])
+            dense = comm.allreduce(dense, "sum") / n if n > 1 else dense
+            whole.append(tf.reduce_sum(tf.square(dense)))
+            continue
+        distinct, at = tf.unique(rows.indices)
+        per_row = tf.math.unsorted_segment_sum(values, at, tf.shape(distinct)[0])
+        (whole if info.replicated else summed).append(tf.reduce_sum(tf.square(per_row)))
+    total = tf.add_n(summed) if summed else tf.constant(0.0)
+    if n > 1 and summed:
+        total = comm.allreduce(total, "sum")
+    return total + tf.add_n(whole) if whole else total
+
+
+def _occurrence_square_norm(lookup: _Lookup, upstream: tf.Tensor) -> tf.Tensor:
+    """Sum of squares of one slice per id: ``upstream`` itself, or for a combined lookup each id's share of its segment's."""
+    if lookup.combiner is None:
+        return tf.reduce_sum(tf.square(upstream))
+    weights = tf.cast(lookup.weights, tf.float32)
+    segments = tf.cast(lookup.segments, tf.int64)
+    count = tf.shape(upstream, out_type=tf.int64)[0]
+    if lookup.combiner == "mean":
+        weights = weights / tf.gather(tf.math.unsorted_segment_sum(weights, segments, count), segments)
+    elif lookup.combiner == "sqrtn":
+        weights = weights / tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(tf.square(weights), segments, count)),
+                                      segments)
+    return tf.reduce_sum(tf.square(weights) * tf.gather(tf.reduce_sum(tf.square(upstream), axis=1), segments))
+
+
+def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf.IndexedSlices]:
+    """This lookup's own gradient at ``var`` (through the exchange, as the step's), as slices."""
+    surrogate = tf.reduce_sum(tf.cast(lookup.output, tf.float32) * tf.stop_gradient(upstream))
+    [grad] = tf.gradients(surrogate, [var])
+    if grad is None:
+        return None
+    if not isinstance(grad, tf.IndexedSlices):
+        dense = tf.convert_to_tensor(grad)
+        grad = tf.IndexedSlices(dense, tf.range(tf.shape(dense, out_type=tf.int64)[0]), tf.shape(dense))
+    return grad
+
+
+def _square_norm(t) -> tf.Tensor:
+    values = t.values if isinstance(t, tf.IndexedSlices) else t
+    values = tf.convert_to_tensor(values)
+    attached = _attached.get(values.graph, {}) if hasattr(values, "graph") else {}
+    if values.ref() in attached:
+        return attached[values.ref()]
+    return tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
+
+
+def global_norm(t_list, name=None):
+    """``tf.linalg.global_norm`` in which gradients of tables count as one process's gradient does."""
+    original = patches.original(clip_ops, "global_norm")
+    tensors = [t for t in t_list if t is not None]
+    if tf.executing_eagerly() or not any(_is_attached(t) for t in tensors):
+        return original(t_list, name=name)
+    with tf.name_scope(name or "global_norm"):
+        dtype = (tensors[0].values if isinstance(tensors[0], tf.IndexedSlices) else tensors[0]).dtype
+        total = tf.add_n([_square_norm(t) for t in tensors])
+        return tf.cast(tf.sqrt(total), dtype.base_dtype)
+
+
+def _is_attached(t) -> bool:
+    values = t.values if isinstance(t, tf.IndexedSlices) else t
+    if not hasattr(values, "graph") or not isinstance(values, tf.Tensor):
+        return False
+    return values.ref() in _attached.get(values.graph, {})
+
+
+patches.register(clip_ops, "global_norm", global_norm,
+                 "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)")
+patches.register(tf.linalg, "global_norm", global_norm, "the same, under its public name")
+patches.register(tf.compat.v1, "global_norm", global_norm, "the same, under its public v1 name")

@@ -1,0 +1,282 @@
+"""Every sharded table and every variable derived from it, known by the variable object.
+
+``CollectiveStrategy.embedding_scope()`` installs :func:`sharding_getter`
+(for ``get_variable``) and :func:`sharding_creator` (for Keras
+``add_weight`` and ``tf.Variable``): a 2-D variable made there becomes this
+worker's shard of a logical ``[vocab, dim]`` table, tagged with its
+:class:`~collective.embedding.table.ShardInfo` (:func:`shard_of`).
+
+Optimizer slots (Adagrad's accumulator, Adam's moments, ...) are derived
+variables: :func:`watch_slots` wraps an optimizer's slot-creating methods,
+which all take the table as their first argument, so each slot made for a
+table is tagged as the table's rows the moment it is created, whatever its
+name, wherever the optimizer was built and whichever optimizer family it is
+(``tf.compat.v1.train``, ``hb.train``, legacy Keras, Keras). Nothing here
+matches a variable by name.
+
+A table's regularizer (``get_variable(..., regularizer=...)``) is applied to
+this worker's rows; its loss is counted N times on each worker with a
+gradient counted once (:func:`sharded_regularizer`), so the gradient is one
+process's and the workers' mean loss is one process's loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
+
+import tensorflow as tf
+
+from collective import modes
+from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
+
+if TYPE_CHECKING:
+    from collective.context import Context
+
+__all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
+           "current_shard", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
+
+_local = threading.local()
+
+# Slot-creating methods of every optimizer family, each taking the table first (positionally or by keyword).
+SLOT_METHODS = ("_zeros_slot", "_get_or_make_slot", "_get_or_make_slot_with_initializer",  # tf.compat.v1.train
+                "add_slot",                                                                # legacy Keras
+                "add_variable_from_reference")                                             # Keras (2.11+)
+_PRIMARY_KEYWORDS = ("var", "model_variable")
+
+
+@contextlib.contextmanager
+def _set(attribute: str, value) -> Iterator[None]:
+    previous = getattr(_local, attribute, None)
+    setattr(_local, attribute, value)
+    try:
+        yield
+    finally:
+        setattr(_local, attribute, previous)
+
+
+def creating_shard(info: ShardInfo):
+    """Marks the variables created inside the block as the shard ``info`` (they are not broadcast)."""
+    return _set("shard", info)
+
+
+def current_shard() -> Optional[ShardInfo]:
+    """The shard being created now (:func:`creating_shard`), if any."""
+    return getattr(_local, "shard", None)
+
+
+def deriving_from() -> Optional[tf.Variable]:
+    """The sharded table whose slot is being created now, if any (its slot is per-worker: never broadcast)."""
+    return getattr(_local, "deriving", None)
+
+
+def slot_owner(var) -> Optional[tf.Variable]:
+    """The table ``var`` is a slot of (the object), else None."""
+    return getattr(var, "_collective_slot_of", None)
+
+
+def _tag_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
+    """Tags ``slot`` as rows of ``table``: same layout, vocabulary and hash index; its own name and width."""
+    info = shard_of(table)
+    if slot is table or shard_of(slot) is not None or slot.shape.rank is None or slot.shape.rank < 1:
+        return slot
+    slot._collective_slot_of = table  # pylint: disable=protected-access
+    if tuple(slot.shape.as_list()[:1]) != tuple(table.shape.as_list()[:1]):
+        return slot  # per-worker state not shaped like the rows (Adafactor's factored moments): never broadcast
+    name = slot.op.name if not tf.executing_eagerly() else slot.name.split(":")[0]
+    width = int(slot.shape.num_elements() // max(1, int(slot.shape[0]))) if slot.shape.is_fully_defined() else info.dim
+    return tag(slot, dataclasses.replace(info, name=name, dim=width))
+
+
+def watch_slots(optimizer, listener: Optional[Callable[[tf.Variable, tf.Variable], tf.Variable]] = None):
+    """Makes ``optimizer`` tag each slot it creates for a sharded table as that table's rows; returns it.
+
+    ``listener(slot, table)`` also runs for each such slot as it is created
+    (``collective.sok.slots`` gives it SOK's checkpoint hooks there).
+    Idempotent: the methods are wrapped once per optimizer object.
+    """
+    state = optimizer.__dict__
+    listeners: List[Callable] = state.setdefault("_collective_slot_listeners", [])
+    if listener is not None and listener not in listeners:
+        listeners.append(listener)
+    if state.get("_collective_slots_watched"):
+        return optimizer
+    for name in SLOT_METHODS:
+        method = getattr(optimizer, name, None)
+        if callable(method):
+            state[name] = _tagging_slots(listeners, method)
+    state["_collective_slots_watched"] = True
+    return optimizer
+
+
+def _tagging_slots(listeners: List[Callable], create: Callable) -> Callable:
+    @functools.wraps(create)
+    def create_slot(*args, **kwargs):
+        table = args[0] if args else next((kwargs[k] for k in _PRIMARY_KEYWORDS if k in kwargs), None)
+        if shard_of(table) is None:
+            return create(*args, **kwargs)
+
+        def tagging_creator(next_creator, **options):
+            slot = _tag_slot(next_creator(**options), table)
+            for listener in listeners:
+                slot = listener(slot, table)
+            return slot
+
+        with _set("deriving", table), tf.variable_creator_scope(tagging_creator):
+            return create(*args, **kwargs)
+
+    return create_slot
+
+
+def sharded_regularizer(regularizer: Callable, info: ShardInfo) -> Callable:
+    """``regularizer`` of a row-sharded table: one process's gradient on these rows, its loss counted N times.
+
+    Each worker holds ``1/N`` of the rows and the workers' losses are
+    averaged, so the loss term is ``N * r(rows)`` in value (the mean over
+    workers is ``r(table)``) while its gradient stays ``r'(rows)``, as one
+    process computes it.
+    """
+    extra = info.world_size - 1
+
+    def regularize(var):
+        loss = regularizer(var)
+        if loss is None or extra == 0:
+            return loss
+        return loss + tf.stop_gradient(tf.cast(extra, loss.dtype) * loss)
+
+    return regularize
+
+
+@contextlib.contextmanager
+def custom_getter(added) -> Iterator[None]:
+    """Adds the custom getter ``added`` to the current variable scope for the block.
+
+    Re-entering the scope with ``variable_scope(..., custom_getter=...)``
+    would reset the numbering of its sub-scopes on exit (a second
+    ``input_layer`` would be named ``input_layer`` again): variables keep
+    the names plain TensorFlow gives them only if no scope is opened.
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    previous = scope.custom_getter
+
+    def composed(getter, *args, **kwargs):
+        inner = getter if previous is None else functools.partial(previous, getter)
+        return added(inner, *args, **kwargs)
+
+    scope.set_custom_getter(composed)
+    try:
+        yield
+    finally:
+        scope.set_custom_getter(previous)
+
+
+def _table_info(ctx: "Context", name: str, static: tf.TensorShape, dtype: tf.DType,
+                replicate_below_bytes: int) -> Optional[ShardInfo]:
+    """How a variable of shape ``static`` made in ``embedding_scope()`` is held; None for an ordinary variable.
+
+    Whole on every worker (the ``replicated`` layout) under the ``replicated``
+    backend and below ``replicate_below_bytes``; sharded by rows otherwise.
+    """
+    if modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size:
+        return None
+    replicated = ctx.backend == "replicated" or static.num_elements() * dtype.size < replicate_below_bytes
+    return ShardInfo(name=name, vocab=int(static[0]), dim=int(static[1]), rank=ctx.rank, world_size=ctx.world_size,
+                     replicated=replicated)
+
+
+def sharding_creator(ctx: "Context", replicate_below_bytes: int):
+    """A variable creator that shards the 2-D trainable variables Keras makes (``add_weight``)."""
+
+    def create(next_creator, **kwargs):
+        initial_value = kwargs.get("initial_value")
+        shape = kwargs.get("shape")
+        if shape is None and isinstance(initial_value, functools.partial) and len(initial_value.args) >= 1:
+            shape = initial_value.args[0]
+        if (getattr(_local, "in_getter", False) or deriving_from() is not None or kwargs.get("trainable") is False
+                or initial_value is None or kwargs.get("variable_def") is not None):
+            return next_creator(**kwargs)
+        if shape is None and not callable(initial_value):
+            initial_value = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
+            shape = initial_value.shape  # tf.Variable(<a whole table>): a pretrained table
+        dtype = tf.as_dtype(kwargs.get("dtype") or getattr(initial_value, "dtype", None) or tf.float32).base_dtype
+        static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
+        info = _table_info(ctx, kwargs.get("name") or "embedding", static, dtype, replicate_below_bytes)
+        if info is None:
+            return next_creator(**kwargs)
+        local_value = _local_initial_value(initial_value, info, dtype)
+        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, info.dim]),
+                      dtype=dtype)
+        with creating_shard(info):
+            var = next_creator(**kwargs)
+        name = kwargs.get("name") if tf.executing_eagerly() else var.op.name
+        return tag(var, dataclasses.replace(info, name=name or info.name))
+
+    return create
+
+
+def _local_initial_value(initial_value, info: ShardInfo, dtype: tf.DType):
+    """A callable giving this worker's rows of a Keras-style logical initial value."""
+    if isinstance(initial_value, functools.partial) and initial_value.func is not None and \
+            tuple(initial_value.args[:1]) and list(tf.TensorShape(initial_value.args[0])) == list(info.logical_shape):
+        return lambda: shard_initial_value(initial_value.func, info, dtype)
+
+    def rows_of_full_value():
+        full = initial_value() if callable(initial_value) else initial_value
+        return info.layout.local_part(tf.convert_to_tensor(full, dtype=dtype))
+
+    return rows_of_full_value
+
+
+def sharding_getter(ctx: "Context", replicate_below_bytes: int):
+    """A ``get_variable`` custom getter that makes 2-D trainable variables sharded tables."""
+
+    def get(getter, name, shape=None, dtype=None, initializer=None, partitioner=None, **kwargs):
+        with _set("in_getter", True):
+            return _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs)
+
+    def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
+        if kwargs.get("trainable") is False or deriving_from() is not None:  # slots, step counters
+            return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
+                          **kwargs)
+        if shape is None and initializer is not None and not callable(initializer):
+            return _get_from_value(getter, name, dtype, initializer, partitioner, kwargs)
+        dtype = tf.as_dtype(dtype or tf.float32)
+        static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
+        info = _table_info(ctx, name, static, dtype, replicate_below_bytes)
+        if info is None:
+            return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
+                          **kwargs)
+        logical_init = initializer if initializer is not None else tf.compat.v1.glorot_uniform_initializer()
+
+        def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
+            return shard_initial_value(logical_init, info, dtype)
+
+        _shard_regularizer(kwargs, info)
+        kwargs["use_resource"] = True
+        with creating_shard(info):
+            var = getter(name, shape=[info.local_rows, info.dim], dtype=dtype,
+                         initializer=local_initializer, partitioner=None, **kwargs)
+        return tag(var, info)
+
+    def _get_from_value(getter, name, dtype, initializer, partitioner, kwargs):
+        """``get_variable(name, initializer=<a whole table as a tensor or array>)``: a pretrained table."""
+        value = tf.convert_to_tensor(initializer, dtype=dtype)
+        info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
+        if info is None:
+            return getter(name, shape=None, dtype=dtype, initializer=initializer, partitioner=partitioner, **kwargs)
+        _shard_regularizer(kwargs, info)
+        kwargs["use_resource"] = True
+        with creating_shard(info):
+            var = getter(name, shape=None, dtype=dtype, initializer=info.layout.local_part(value), partitioner=None,
+                         **kwargs)
+        return tag(var, info)
+
+    return get
+
+
+def _shard_regularizer(kwargs: dict, info: ShardInfo) -> None:
+    if kwargs.get("regularizer") is not None and not info.replicated:
+        kwargs["regularizer"] = sharded_regularizer(kwargs["regularizer"], info)
