@@ -30,11 +30,9 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import numpy as np
-
 from datasets import schema
 from datasets.criteo import convert
-from datasets.synthetic import generate, generate_table
+from datasets.synthetic import generate, generate_table, write_criteo_tsv
 from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.data")
@@ -53,21 +51,6 @@ def _timed(fn: Callable[[], float], repeats: int) -> List[float]:
 def _fmt(rates: Sequence[float], unit: str) -> str:
     spread = statistics.pstdev(rates) if len(rates) > 1 else 0.0
     return f"{statistics.mean(rates):>14,.0f} +- {spread:,.0f} {unit}"
-
-
-def write_tsv(table, path: str) -> int:
-    """Writes ``table`` (Criteo schema) as a Criteo TSV with hex categoricals; returns its size in bytes."""
-    cols = [table.column(schema.LABEL).to_numpy().astype(np.int64).astype(str)]
-    for name in schema.DENSE:
-        cols.append(np.round(np.expm1(table.column(name).to_numpy())).astype(np.int64).astype(str))
-    for name in schema.CATEGORICAL:
-        cols.append(np.char.mod("%08x", table.column(name).to_numpy() * 2654435761 % (1 << 32)))
-    lines = cols[0]
-    for col in cols[1:]:
-        lines = np.char.add(np.char.add(lines, "\t"), col)
-    with open(path, "w") as f:
-        f.write("\n".join(lines.tolist()) + "\n")
-    return os.path.getsize(path)
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,7 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{shares[0]['load_average'][0]:.1f} -> {shares[-1]['load_average'][1]:.1f}")
 
         tsv = os.path.join(tmp, "day_0")
-        size = write_tsv(generate_table(args.tsv_rows, seed=2), tsv)
+        size = write_criteo_tsv(generate_table(args.tsv_rows, seed=2), tsv)
         for mode, kwargs in (("hash", {"hash_buckets": 1 << 20}), ("vocabulary", {"min_count": 1})):
             rates = _timed(lambda: convert(tsv, os.path.join(tmp, "out-" + mode), progress=False, **kwargs)
                            and size / 1e6, args.repeats)

@@ -8,7 +8,7 @@ rank ``r`` of a table of ``n`` rows (0 the most frequent) is
 
     P(rank = r) = G(r + 2) - G(r + 1)
 
-and ranks are scattered over the ids by :func:`datasets.synthetic.rank_ids`
+and ranks are scattered over the ids by :func:`datasets.synthetic.generate.rank_ids`
 (a fixed bijection, as hashed ids are). A worker that looks up ``k`` ids
 drawn independently from this law holds, in expectation,
 
@@ -90,7 +90,7 @@ def expected_unique(law: PowerLaw, draws: int) -> float:
 def expected_owned(law: PowerLaw, draws: int, workers: int, table: int = 0) -> np.ndarray:
     """Expected distinct ids owned by each of ``workers`` ranks (``id % workers``) among ``draws`` draws.
 
-    ``table`` picks the rank -> id scatter (:func:`datasets.synthetic.rank_ids`).
+    ``table`` picks the rank -> id scatter (:func:`datasets.synthetic.generate.rank_ids`).
     The entries sum to :func:`expected_unique`.
     """
     if draws <= 0:

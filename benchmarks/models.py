@@ -42,7 +42,7 @@ def table_sizes(params: Mapping[str, Any]) -> Tuple[int, ...]:
 
 def zoo_params(params: Mapping[str, Any], sharded: bool) -> Dict[str, Any]:
     """The model zoo's ``params`` for a harness run: Criteo spec of the run's scale, dim, seed, MLPs, API."""
-    from modelzoo.features import criteo_spec  # pylint: disable=import-outside-toplevel
+    from modelzoo.spec import criteo_spec  # pylint: disable=import-outside-toplevel
 
     dim = int(params["dim"])
     return {"spec": criteo_spec(table_sizes(params)), "embedding_dim": dim, "task": "binary", "target": "label",

@@ -19,7 +19,7 @@ for a lookup through an ``embedding_column`` (one id per sample and table):
   and in the backward pass the alltoall of their gradients back.
 - ``hvd_replicated``: the sparse gradient, values ``[unique ids, dim]``
   and int64 indices, allgathered. Tables with fewer rows than workers stay
-  whole under hb and sok; ``collective.training.average_gradients`` sends
+  whole under hb and sok; ``collective.integration.training.average_gradients`` sends
   their gradient as one allreduce of ``[rows, dim + 1]`` sums and counts.
 - dense variables: one ring allreduce, ``floor(2*S*(N-1)/N)`` per tensor.
 

@@ -11,9 +11,9 @@ import math
 import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
+from benchmarks.markdown import markdown_table
 from benchmarks.projection import BACKENDS, FABRICS
-from benchmarks.report import markdown_table
-from collective import plots
+from collective.cli import plots
 
 PLOT = "projection_real.png"
 SHOWN_WORKERS = (2, 3, 8, 64, 256, 1024)

@@ -21,8 +21,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from collective import plots
-from collective.plots import COLORS
+from benchmarks.markdown import markdown_table
+from collective.cli import plots
+from collective.cli.plots import COLORS
 
 logger = logging.getLogger("benchmarks.report")
 
@@ -145,13 +146,6 @@ def _cell(value: Any, floatfmt: str) -> str:
     if isinstance(value, float):
         return "n/a" if math.isnan(value) else format(value, floatfmt)
     return "n/a" if value is None else str(value)
-
-
-def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    """A GitHub Markdown table of formatted cells (pandas' to_markdown needs tabulate, which is not installed)."""
-    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines) + "\n"
 
 
 def _markdown(df: pd.DataFrame, floatfmt: str = ",.2f") -> str:

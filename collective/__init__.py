@@ -7,6 +7,10 @@ version is checked at once.
 
 import sys
 
+from collective import _moved
+
+_moved.install()  # old module paths (collective.training, collective.feature_column, ...) keep importing
+
 if "tensorflow" in sys.modules:
     # Refuses an unsupported TensorFlow before anything else runs (see collective.tf_internals.check_versions).
     import collective.tf_internals  # noqa: F401  pylint: disable=unused-import

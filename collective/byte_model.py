@@ -7,7 +7,6 @@ integer or an int64 tensor):
 alltoall       the rows sent to other workers (exact, from the splits)
 allgather      ``S * (N - 1)``: every other worker gets the local rows
 allreduce      ``2 * S * (N - 1) / N``: ring reduce-scatter + allgather
-reducescatter  ``S * (N - 1) / N``
 broadcast      ``S * (N - 1)`` on the root, 0 elsewhere
 =============  ==========================================================
 
@@ -22,7 +21,6 @@ from typing import Any
 _FACTORS = {  # op -> (numerator, denominator) as functions of N
     "allgather": (lambda n: n - 1, lambda n: 1),
     "allreduce": (lambda n: 2 * (n - 1), lambda n: n),
-    "reducescatter": (lambda n: n - 1, lambda n: n),
     "broadcast": (lambda n: n - 1, lambda n: 1),
 }
 
@@ -36,7 +34,7 @@ def sent_bytes(op: str, nbytes: Any, world_size: int) -> Any:
 
 
 def bytes_per_sample(sent_by_all_workers: float, global_samples: float) -> float:
-    """The one meaning of ``bytes_per_sample`` (engines, :class:`collective.hooks.ThroughputHook`, benchmarks):
+    """The one meaning of ``bytes_per_sample`` (engines, :class:`collective.integration.hooks.ThroughputHook`, benchmarks):
     the bytes all workers sent over some training steps (their counters summed, measuring collectives left
     out) divided by the samples of the global batches of those steps; NaN without samples."""
     return float(sent_by_all_workers) / global_samples if global_samples else float("nan")

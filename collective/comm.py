@@ -16,7 +16,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective import context, devices
+from collective import context
+from collective.runtime import devices
 from collective.byte_model import sent_bytes
 
 logger = logging.getLogger(__name__)
@@ -257,36 +258,6 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None) -
 
     y, received = _alltoall(tensor)
     return y, tf.stop_gradient(received)
-
-
-def reducescatter(tensor: tf.Tensor, op: str = "sum", name: Optional[str] = None) -> tf.Tensor:
-    """Reduces ``tensor`` over workers and gives each its block of rows.
-
-    The first dimension must be ``world_size * k``; worker ``r`` gets rows
-    ``[r * k, (r + 1) * k)`` (``op``: ``sum`` or ``average``).
-    """
-    op = _check_op(op, ("sum", "average"))
-    tensor = tf.convert_to_tensor(tensor)
-    n = world_size()
-    if n == 1:
-        return tf.identity(tensor)
-
-    @tf.custom_gradient
-    def _reducescatter(x):
-        hvd = _hvd()
-        check = tf.debugging.assert_equal(
-            tf.shape(x)[0] % n, 0,
-            message=f"reducescatter needs a first dimension divisible by the {n} workers")
-        with tf.control_dependencies([check]):
-            y = hvd.reducescatter(_unfoldable(x), op=hvd.Sum if op == "sum" else hvd.Average, name=name)
-
-        def grad(dy):
-            g = allgather(dy)
-            return g / n if op == "average" else g
-
-        return _counted(y, sent_bytes("reducescatter", _nbytes(x), n)), _grad_fn(grad)
-
-    return _reducescatter(tensor)
 
 
 def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None, count: bool = True) -> tf.Tensor:

@@ -3,7 +3,7 @@
 Everything is read from the environment once, when :func:`get` is first
 called; the launcher (``python -m collective.launch``) and ``horovodrun`` set
 the rank variables, the user sets the options. The local rank and this
-worker's GPU come from :mod:`collective.devices` (any launcher's variables).
+worker's GPU come from :mod:`collective.runtime.devices` (any launcher's variables).
 Nothing here initialises Horovod: a single process with no launcher is rank 0
 of 1.
 """
@@ -14,14 +14,14 @@ import dataclasses
 import os
 from typing import Mapping, Optional, Sequence, Tuple
 
-from collective import devices
+from collective.runtime import devices
 from collective.embedding import exchanges
 
 KERNELS = ("tf", "cupy")
 
 # Rank variables, in the order they are looked for: ours (set by our
 # launcher), Horovod's (set by horovodrun and by our launcher), then MPI's.
-# The local rank's are in collective.devices.LOCAL_RANK_SOURCES.
+# The local rank's are in collective.runtime.devices.LOCAL_RANK_SOURCES.
 _RANK_VARS = ("COLLECTIVE_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _SIZE_VARS = ("COLLECTIVE_WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -70,7 +70,7 @@ class Context:
     Attributes:
       rank: this worker's index in ``[0, world_size)``.
       world_size: number of worker processes in the job.
-      local_rank: index among the workers on this host (:func:`collective.devices.local_rank`).
+      local_rank: index among the workers on this host (:func:`collective.runtime.devices.local_rank`).
       local_size: number of workers on this host.
       local_source: where ``local_rank`` was read (a variable name, or Horovod's ``hvd.local_rank()``).
       backend: the default embedding exchange (``COLLECTIVE_STRATEGY``), a name registered in
@@ -139,8 +139,8 @@ class Context:
     def from_env(cls, env: Optional[Mapping[str, str]] = None, gpus: Optional[Sequence[str]] = None) -> "Context":
         """Reads the context from ``env`` (default: ``os.environ``).
 
-        ``gpus`` overrides the GPUs the process sees (default: :func:`collective.devices.visible_gpus`).
-        Raises :class:`collective.devices.TooManyWorkersError` when this host has more workers than GPUs.
+        ``gpus`` overrides the GPUs the process sees (default: :func:`collective.runtime.devices.visible_gpus`).
+        Raises :class:`collective.runtime.devices.TooManyWorkersError` when this host has more workers than GPUs.
         """
         env = os.environ if env is None else env
         world_size = _first_int(env, _SIZE_VARS, 1)
@@ -189,7 +189,7 @@ def get() -> Context:
 
 def session_config(base=None):
     """``base`` (a ``tf.compat.v1.ConfigProto``, copied) pinned to this worker's GPU: see
-    :func:`collective.devices.session_config`. Every session collective makes uses it."""
+    :func:`collective.runtime.devices.session_config`. Every session collective makes uses it."""
     return devices.session_config(base, get().placement)
 
 

@@ -23,7 +23,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from collective import context, modes
+from collective import context
+from collective.embedding import modes
 from collective.embedding import hash_table
 from collective.tf_internals import feature_column_v1 as fc_old
 from collective.tf_internals import feature_column_v2 as fc

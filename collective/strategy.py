@@ -16,11 +16,11 @@ from typing import Iterator, Optional
 import tensorflow as tf
 
 from collective import comm, context
-# lookups, session, column_lookups, sync and training register their patches when imported: patched() installs them.
-from collective import column_lookups, lookups, session, sync, training  # noqa: F401  pylint: disable=unused-import
-from collective.embedding import exchanges, gradient_norms, tables  # noqa: F401  (gradient_norms: its patches)
+from collective.embedding import exchanges, tables
 from collective.embedding import lookup as embedding_lookup
 from collective.embedding.exchanges import UnknownBackendError
+# The one list of what scope() installs into TensorFlow (patches.patched()).
+from collective.integration import replacements  # noqa: F401  pylint: disable=unused-import
 from collective.tf_internals import patches
 
 
@@ -87,7 +87,7 @@ class CollectiveStrategy:
         ``gpu_options.visible_device_list`` set to this worker's GPU, the usual
         Horovod step; the session's ``/gpu:0`` is then that GPU. Sessions the
         library makes (``MonitoredTrainingSession``, the Estimator) use it; pass it
-        to sessions you make yourself. See :mod:`collective.devices`.
+        to sessions you make yourself. See :mod:`collective.runtime.devices`.
         """
         comm.init()  # Horovod's local rank, where no launcher variable gave one
         return context.session_config(base)
@@ -99,20 +99,20 @@ class CollectiveStrategy:
 
     def estimator(self, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
                   throughput_every_n_steps: Optional[int] = None):
-        """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.estimator``).
+        """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.integration.estimator``).
 
         ``shard_input=True`` keeps every N-th batch of what ``input_fn`` returns on each worker;
         ``throughput_every_n_steps`` is the interval of the default throughput hook
-        (:class:`collective.estimator.CollectiveEstimator`).
+        (:class:`collective.integration.estimator.CollectiveEstimator`).
         """
-        from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
+        from collective.integration.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 
         return build_estimator(self, model_fn, model_dir, config=config, params=params, shard_input=shard_input,
                                throughput_every_n_steps=throughput_every_n_steps)
 
     def export_saved_model(self, export_dir_base, checkpoint_path, signature_def_fn):
-        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (see ``collective.export``)."""
-        from collective.export import export_saved_model  # pylint: disable=import-outside-toplevel
+        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (see ``collective.integration.export``)."""
+        from collective.integration.export import export_saved_model  # pylint: disable=import-outside-toplevel
 
         return export_saved_model(export_dir_base, checkpoint_path, signature_def_fn)
 

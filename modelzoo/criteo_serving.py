@@ -27,12 +27,12 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import tensorflow as tf
 
-from modelzoo.features import FeatureSpec, import_datasets
+from modelzoo.repository import import_datasets
+from modelzoo.spec import FeatureSpec
 
-import_datasets()  # the repository's datasets package (not installed) on the path
-from datasets import schema  # noqa: E402  pylint: disable=wrong-import-position
-from datasets.criteo import parse, vocab  # noqa: E402  pylint: disable=wrong-import-position
-from datasets.criteo.convert import VOCABULARY_FILE  # noqa: E402  pylint: disable=wrong-import-position
+schema = import_datasets("schema")
+parse, vocab = import_datasets("criteo.parse"), import_datasets("criteo.vocab")
+VOCABULARY_FILE = import_datasets("criteo.convert").VOCABULARY_FILE
 
 HEX_DIGITS = 16
 

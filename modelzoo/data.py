@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 
 import collective.data
-from modelzoo.features import FeatureSpec, criteo_spec, import_datasets, movielens_spec
+from modelzoo.repository import import_datasets
+from modelzoo.spec import FeatureSpec, criteo_spec, movielens_spec
 
 logger = logging.getLogger("modelzoo")
 
@@ -141,13 +142,9 @@ def movielens(data: Optional[str], rank: int, row_group_size: int = 4096) -> Dat
         src = os.path.abspath(data)
         key = hashlib.sha1(src.encode()).hexdigest()[:10]
 
-        def build(tmp: str) -> None:
-            import pyarrow.parquet as pq
-
-            import_datasets().movielens.convert(src, tmp, split="random", test_fraction=0.2, seed=0)
-            for part in ("train", "test"):  # small row groups: each worker reads its share of them
-                path = os.path.join(tmp, f"{part}.parquet")
-                pq.write_table(pq.read_table(path), path, row_group_size=row_group_size)
+        def build(tmp: str) -> None:  # small row groups: each worker reads its share of them
+            import_datasets().movielens.convert(src, tmp, split="random", test_fraction=0.2, seed=0,
+                                                row_group_size=row_group_size)
 
         data = build_once(os.path.join(cache_root(), f"movielens-{os.path.basename(src)}-{key}"), build, rank)
     with open(os.path.join(data, "meta.json")) as f:

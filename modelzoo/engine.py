@@ -12,7 +12,7 @@ core of ``collective`` (sharded tables, exchanges, averaged gradients):
   ``model_dir`` (:class:`collective.checkpoint.Saver`) every
   ``save_checkpoints_steps`` steps and after the last one;
 - export: from the last checkpoint rank 0 writes a SavedModel that plain
-  TensorFlow serves (:func:`collective.export.export_estimator`, the one
+  TensorFlow serves (:func:`collective.integration.export.export_estimator`, the one
   export writer).
 
 :class:`EstimatorEngine` does the same through ``strategy.estimator(...)``.
@@ -33,10 +33,11 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective import CollectiveStrategy, comm, context, progress
+from collective import CollectiveStrategy, comm, context
+from collective.cli import progress
 from collective.byte_model import bytes_per_sample, sent_bytes
 from collective.checkpoint import Saver
-from collective.export import export_estimator
+from collective.integration.export import export_estimator
 from modelzoo import heads, summaries
 
 logger = logging.getLogger("modelzoo")
@@ -62,7 +63,7 @@ class RunResult:
 class Progress:
     """Rank 0's training progress, and the loss of every step it is told of (:attr:`losses`, on every rank).
 
-    A bar of steps (:func:`collective.progress.bar`) with the loss and the
+    A bar of steps (:func:`collective.cli.progress.bar`) with the loss and the
     global samples/s since the previous line: on a terminal it redraws at
     every step; elsewhere (a pipe, a worker under the launcher) it writes a
     line every ``every`` steps and at the last. ``every`` 0: no bar.
@@ -246,7 +247,7 @@ class SessionEngine:
 
 
 class EstimatorEngine:
-    """Runs a ``model_fn`` through ``strategy.estimator(...)`` (:mod:`collective.estimator`).
+    """Runs a ``model_fn`` through ``strategy.estimator(...)`` (:mod:`collective.integration.estimator`).
 
     Training writes checkpoints to ``model_dir`` (every ``save_checkpoints_steps``
     steps and at the end) and resumes from one found there up to ``max_steps``
@@ -256,7 +257,7 @@ class EstimatorEngine:
     the ``loss`` and evaluation events, :class:`modelzoo.summaries.SamplesPerSecondHook`
     adds ``samples/s``. Evaluation uses the Estimator's global
     ``eval_metric_ops`` (AUC from thresholds, so it differs slightly from
-    :class:`SessionEngine`'s exact AUC); export goes through ``collective.export``.
+    :class:`SessionEngine`'s exact AUC); export goes through ``collective.integration.export``.
     """
 
     finite_eval = True  # the Estimator pads uneven shares itself: give it one pass over each worker's rows
@@ -270,7 +271,7 @@ class EstimatorEngine:
             eval_input_fn: Optional[Callable] = None, eval_steps: int = 0, eval_rows: int = 0,
             export_dir_base: Optional[str] = None, serving_input_receiver_fn: Optional[Callable] = None,
             log_every: int = 100, keep_predictions: bool = False) -> RunResult:
-        from collective.hooks import ThroughputHook  # pylint: disable=import-outside-toplevel
+        from collective.integration.hooks import ThroughputHook  # pylint: disable=import-outside-toplevel
 
         del eval_rows, keep_predictions
         config = tf.estimator.RunConfig(tf_random_seed=self.params.get("seed", 0),

@@ -1,8 +1,6 @@
-"""Feature specs from the dataset schemas, and the layers every model builds from them.
+"""The layers every model builds from its :class:`~modelzoo.spec.FeatureSpec`, and its serving inputs.
 
-A :class:`FeatureSpec` says which columns a model reads: numeric features,
-categorical ids with their vocabulary sizes, optional multi-hot lists, and
-the label columns. Models build their embedding tables from it with
+Models build their embedding tables from the spec with
 :func:`embedding_layer` (``tf.compat.v1.get_variable`` under
 ``embedding_scope()``, coalesced lookups), and the serving
 signature with :func:`serving_input_receiver_fn` (raw feature tensors,
@@ -13,77 +11,13 @@ serialized ``tf.Example``, or Criteo's values as in its TSV:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import sys
-from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
 from collective import CollectiveStrategy
 from collective.embedding.lookup import lookup_sparse_group
-
-_REPO = Path(__file__).resolve().parents[1]
-
-
-def import_datasets():
-    """The repository's ``datasets`` package (it is not installed: the name belongs to Hugging Face)."""
-    if (_REPO / "datasets" / "schema.py").is_file() and str(_REPO) not in sys.path:
-        sys.path.insert(0, str(_REPO))
-    import datasets  # pylint: disable=import-outside-toplevel
-    import datasets.movielens  # noqa: F401  pylint: disable=import-outside-toplevel
-    import datasets.schema  # noqa: F401  pylint: disable=import-outside-toplevel
-    import datasets.synthetic  # noqa: F401  pylint: disable=import-outside-toplevel
-
-    return datasets
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureSpec:
-    """The columns a model reads.
-
-    Attributes:
-      numeric: float32 columns of shape ``[batch]``.
-      categorical: id column -> vocabulary size (ids in ``[0, size)``).
-      multi_hot: list-of-ids column -> vocabulary size; delivered to the
-        model as a ``[batch, size]`` float32 indicator.
-      labels: label columns, the first is the training target.
-    """
-
-    numeric: Tuple[str, ...] = ()
-    categorical: Tuple[Tuple[str, int], ...] = ()
-    multi_hot: Tuple[Tuple[str, int], ...] = ()
-    labels: Tuple[str, ...] = ("label",)
-
-    @property
-    def columns(self) -> List[str]:
-        """Every Parquet column the input pipeline reads, labels included."""
-        return (list(self.numeric) + [n for n, _ in self.categorical] + [n for n, _ in self.multi_hot]
-                + list(self.labels))
-
-    def vocab(self, name: str) -> int:
-        for column, size in self.categorical + self.multi_hot:
-            if column == name:
-                return size
-        raise KeyError(f"feature {name!r} is not a categorical feature of this spec; "
-                       f"it has {', '.join(n for n, _ in self.categorical + self.multi_hot)}")
-
-
-def criteo_spec(cardinalities: Sequence[int]) -> FeatureSpec:
-    """The Criteo layout (:mod:`datasets.schema`): 13 numeric features and 26 id columns of these sizes."""
-    schema = import_datasets().schema
-    if len(cardinalities) != len(schema.CATEGORICAL):
-        raise ValueError(f"got {len(cardinalities)} table sizes for the {len(schema.CATEGORICAL)} categorical "
-                         "Criteo columns C1..C26; pass one size per column")
-    return FeatureSpec(numeric=tuple(schema.DENSE), categorical=tuple(zip(schema.CATEGORICAL, cardinalities)),
-                       labels=(schema.LABEL,))
-
-
-def movielens_spec(users: int, items: int, genres: int = 0) -> FeatureSpec:
-    """MovieLens as converted by :mod:`datasets.movielens`: user and movie ids, genres, rating and label."""
-    return FeatureSpec(categorical=(("user_id", users), ("item_id", items)),
-                       multi_hot=(("genres", genres),) if genres else (), labels=("rating", "label"))
-
+from modelzoo.spec import FeatureSpec
 
 EMBEDDING_APIS = ("variables", "feature_columns")
 
@@ -199,7 +133,8 @@ def serving_input_receiver_fn(spec: FeatureSpec, serving_input: str = "raw", dat
     if serving_input not in SERVING_INPUTS:
         raise ValueError(f"serving input {serving_input!r} is not one of {', '.join(SERVING_INPUTS)}")
     if serving_input == "criteo_raw":
-        from modelzoo.criteo_serving import RawCriteoReceiver  # pylint: disable=import-outside-toplevel  (cycle)
+        # pylint: disable-next=import-outside-toplevel  (only criteo_raw needs it and its datasets.criteo)
+        from modelzoo.criteo_serving import RawCriteoReceiver
 
         return RawCriteoReceiver(spec, data_dir)
 

@@ -17,7 +17,7 @@ serve:
 
 The classification and regression signatures take one serialized
 ``tf.Example`` string tensor (TensorFlow's rule); with raw feature tensors only
-``predict`` can be written (see :func:`collective.export.export_estimator`).
+``predict`` can be written (see :func:`collective.integration.export.export_estimator`).
 :func:`numpy_metrics` computes the same metrics exactly from gathered
 predictions (the session engine's evaluation).
 """

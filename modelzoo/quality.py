@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from modelzoo import data as data_lib
 from modelzoo import runner
-from modelzoo.features import import_datasets
+from modelzoo.repository import import_datasets
 
 logger = logging.getLogger("modelzoo.quality")
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,8 @@ import math
 import os
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-from collective import CollectiveStrategy, context, logs
+from collective import CollectiveStrategy, context
+from collective.runtime import logs
 import collective.data
 from modelzoo import data as data_lib
 from modelzoo import flags
@@ -121,7 +122,7 @@ def run(recipe: Recipe, args: argparse.Namespace, keep_predictions: bool = False
 
 def main(recipe: Recipe, argv: Optional[Sequence[str]] = None) -> int:
     """The ``train.py`` command line: prints the metrics as one JSON line on rank 0 (the loss curve only
-    in metrics.json). TensorFlow's logs are quiet unless ``--verbose`` (:mod:`collective.logs`; its C++
+    in metrics.json). TensorFlow's logs are quiet unless ``--verbose`` (:mod:`collective.runtime.logs`; its C++
     lines only if set before TensorFlow loaded, as :func:`modelzoo.script.script_main` does)."""
     args = parse(recipe, argv)
     logs.configure(args.verbose)

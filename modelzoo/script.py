@@ -1,12 +1,12 @@
 """What each ``train.py`` runs: TensorFlow's logging set from ``--verbose`` before TensorFlow loads
-(:mod:`collective.logs`), then :func:`modelzoo.runner.main`, which loads it."""
+(:mod:`collective.runtime.logs`), then :func:`modelzoo.runner.main`, which loads it."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-from collective import logs
+from collective.runtime import logs
 
 
 def script_main(recipe_module: str) -> None:

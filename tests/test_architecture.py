@@ -1,4 +1,4 @@
-"""Architecture rules: no import cycle inside collective, TensorFlow's privates behind one seam, TF 2.15 only."""
+"""Architecture rules: no import cycle in the source folders, TensorFlow's privates behind one seam, TF 2.15 only."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import ast
 import pathlib
 import subprocess
 import sys
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Dict, Iterator, List, Optional, Sequence, Set
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "collective"
 SEAM = REPO / PACKAGE / "tf_internals"
-CHECKED_TREES = ("collective", "modelzoo", "benchmarks", "datasets", "tests")
+SOURCE_TREES = ("collective", "modelzoo", "benchmarks", "datasets")
+CHECKED_TREES = SOURCE_TREES + ("tests",)
 PRIVATE_PREFIXES = ("tensorflow.python", "keras.src", "tensorflow_estimator.python")
 
 
@@ -54,9 +55,11 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
                 yield f"{base}.{alias.name}"
 
 
-def _module_graph() -> Dict[str, Set[str]]:
-    """Module -> the collective modules it imports (each edge to the most specific existing module)."""
-    paths = {_module_name(p): p for p in _python_files(REPO / PACKAGE)}
+def _module_graph(folders: Sequence[str]) -> Dict[str, Set[str]]:
+    """Module -> the modules it imports, for every module in the top-level ``folders`` (edges between all of
+    them; each edge to the most specific existing module)."""
+    paths = {_module_name(p): p for folder in folders for p in _python_files(REPO / folder)}
+    roots = {folder.split("/")[0] for folder in folders}
 
     def resolve(name: str) -> Optional[str]:
         while name and name not in paths:
@@ -66,13 +69,13 @@ def _module_graph() -> Dict[str, Set[str]]:
     graph: Dict[str, Set[str]] = {}
     for module, path in paths.items():
         tree = ast.parse(path.read_text(), str(path))
-        deps: Set[str] = set()
+        deps: Set[Optional[str]] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                deps.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == PACKAGE)
+                deps.update(resolve(a.name) for a in node.names if a.name.split(".")[0] in roots)
             elif isinstance(node, ast.ImportFrom):
                 base = _from_base(node, module, path.name == "__init__.py")
-                if base.split(".")[0] != PACKAGE:
+                if base.split(".")[0] not in roots:
                     continue
                 for alias in node.names:
                     full = f"{base}.{alias.name}"
@@ -141,10 +144,13 @@ def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def test_module_graph_has_no_cycle():
-    graph = _module_graph()
+    graph = _module_graph(SOURCE_TREES)
     assert "collective.tf_internals" in graph and "collective.strategy" in graph
+    assert {"modelzoo.features", "benchmarks.report", "datasets.schema"} <= set(graph)
+    assert any(dep.split(".")[0] != module.split(".")[0] for module, deps in graph.items() for dep in deps), \
+        "the graph has no edge between two folders"
     cycles = _cycles(graph)
-    assert not cycles, "import cycles inside collective:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_cycle_finder_reports_a_cycle():
@@ -225,7 +231,7 @@ ON_DEMAND = {("tensorflow_estimator.python.estimator.estimator", name) for name 
 
 
 def test_patched_restores_every_registered_attribute():
-    import collective.estimator  # noqa: F401  (registers its on-demand patches)
+    import collective.integration.estimator  # noqa: F401  (registers its on-demand patches)
     import collective.strategy  # noqa: F401  (imports every module registering for patched())
     from collective.tf_internals import patches
 
@@ -257,3 +263,89 @@ def test_patched_restores_every_registered_attribute():
             assert new is not old, f"{entry} was not installed by patched()"
     for entry, old, new in zip(entries, before, after):
         assert new is old, f"{entry} was not restored"
+
+
+# Layers, lowest first: a module may import from its own layer and the ones below, never from a higher one.
+# The longest matching entry wins; "=name" matches that module only, not the modules below it.
+LAYERS = (
+    ("collective.tf_internals", 0), ("collective.kernels", 0),
+    ("collective.runtime", 1), ("collective.cli", 1), ("collective._moved", 1), ("collective.byte_model", 1),
+    ("collective.context", 2), ("collective.comm", 2),
+    ("=collective.embedding.exchanges", 2),  # the backend registry, which context checks COLLECTIVE_STRATEGY against
+    ("collective.embedding", 3),
+    ("collective.checkpoint", 4),
+    ("collective.integration", 5),
+    ("collective", 6),  # the public faces: strategy, hb, sok, data, group_embedding, ...
+    ("datasets", 7),
+    ("modelzoo", 8),
+    ("collective.demo", 9),  # an application of the model zoo
+    ("benchmarks", 9),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module`` in :data:`LAYERS`."""
+    best = None
+    for pattern, layer in LAYERS:
+        name = pattern.lstrip("=")
+        if module == name or (not pattern.startswith("=") and module.startswith(name + ".")):
+            if best is None or len(name) > best[0]:
+                best = (len(name), layer)
+    if best is None:
+        raise KeyError(f"{module} is in no layer of tests/test_architecture.py's LAYERS: add it")
+    return best[1]
+
+
+def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
+    """Every import of a module from a higher layer, as ``a (layer) -> b (layer)``."""
+    return [f"{module} ({layer_of(module)}) -> {dep} ({layer_of(dep)})"
+            for module in sorted(graph) for dep in sorted(graph[module]) if layer_of(dep) > layer_of(module)]
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = _module_graph(SOURCE_TREES)
+    upward = upward_imports(graph)
+    assert not upward, "imports from a higher layer (see LAYERS):\n" + "\n".join(upward)
+
+
+def test_upward_import_detection():
+    assert upward_imports({"collective.comm": {"collective.strategy"}, "collective.strategy": {"collective.comm"}}) \
+        == ["collective.comm (2) -> collective.strategy (6)"]
+    assert layer_of("collective.embedding.exchanges") == 2 and layer_of("collective.embedding.exchanges.hb") == 3
+
+
+_INSTALLS_NOTHING = """
+import importlib, pkgutil, sys
+from collective.tf_internals import patches
+register, registrants = patches.register, set()
+
+def recording(*args, **kwargs):
+    registrants.add(sys._getframe(1).f_globals["__name__"])
+    return register(*args, **kwargs)
+
+patches.register = recording
+import collective
+names = [info.name for info in pkgutil.walk_packages(collective.__path__, "collective.")]
+for name in names:
+    if not name.startswith("collective.kernels.cupy") and not name.endswith("__main__"):
+        importlib.import_module(name)
+assert registrants == {"collective.integration.replacements"}, registrants
+listed = [(p.owner, p.attribute, p.replacement) for p in patches._registry.values()]
+assert len(listed) > 20
+assert not any(patches._current(owner, name) is replacement for owner, name, replacement in listed), \\
+    "importing installed a replacement"
+import collective.integration.replacements as replacements
+with patches.patched():
+    assert all(patches._current(p.owner, p.attribute) is p.replacement for p in replacements.INSTALLED)
+assert not any(patches._current(owner, name) is replacement for owner, name, replacement in listed), \\
+    "leaving the scope left a replacement installed"
+print(len(names), "modules imported;", len(listed), "replacements, all registered by", *registrants)
+"""
+
+
+def test_only_the_list_registers_patches_and_importing_installs_nothing():
+    """Every module of collective imported: only the list registers replacements, and none is installed."""
+    result = subprocess.run([sys.executable, "-c", _INSTALLS_NOTHING], cwd=REPO, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "all registered by collective.integration.replacements" in result.stdout, result.stdout

@@ -105,15 +105,6 @@ def test_alltoall_int64_ids(comm_results):
         np.testing.assert_array_equal(res[r]["alltoall_ids"], np.concatenate(parts))
 
 
-def test_reducescatter(comm_results):
-    n, res = comm_results
-    total = sum(cases.scatter_input(k, n) for k in range(n))
-    for r in range(n):
-        np.testing.assert_allclose(res[r]["reducescatter"], total[2 * r:2 * r + 2], rtol=1e-6)
-        np.testing.assert_allclose(res[r]["reducescatter_grad"],
-                                   np.concatenate([cases.upstream(j, (2, DIM)) for j in range(n)]), rtol=1e-6)
-
-
 def test_broadcast(comm_results):
     n, res = comm_results
     for r in range(n):

@@ -132,7 +132,7 @@ def test_raw_criteo_values_serve_what_the_converted_ids_do(trained, tmp_path):
     that the converted-id SavedModel gives on the converted rows."""
     import pyarrow as pa
 
-    from collective.export import export_estimator
+    from collective.integration.export import export_estimator
     from datasets.criteo.convert import convert
     from datasets.criteo.vocab import Vocabulary
     from modelzoo import runner

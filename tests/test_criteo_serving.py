@@ -114,7 +114,8 @@ def test_the_receiver_gives_the_model_the_converted_rows(tmp_path, options):
 
     from datasets import schema
     from datasets.criteo.convert import convert_dataset
-    from modelzoo.features import criteo_spec, serving_input_receiver_fn
+    from modelzoo.features import serving_input_receiver_fn
+    from modelzoo.spec import criteo_spec
     from test_criteo_end_to_end import write_kaggle_tsv
 
     src = write_kaggle_tsv(tmp_path / "train.txt", 400, seed=3)
@@ -143,7 +144,8 @@ def test_the_receiver_gives_the_model_the_converted_rows(tmp_path, options):
 
 def test_criteo_raw_is_refused_where_it_cannot_map_values(tmp_path):
     from datasets import schema
-    from modelzoo.features import criteo_spec, movielens_spec, serving_input_receiver_fn
+    from modelzoo.features import serving_input_receiver_fn
+    from modelzoo.spec import criteo_spec, movielens_spec
 
     spec = criteo_spec([10] * 26)
     with pytest.raises(ValueError, match="Criteo models"):

@@ -1,4 +1,4 @@
-"""GPU pinning by local rank (collective.devices), whatever started the workers.
+"""GPU pinning by local rank (collective.runtime.devices), whatever started the workers.
 
 Each case sets the variables one launcher sets and passes the GPUs the process would see as an
 argument: no GPU is needed, none is faked.
@@ -6,7 +6,8 @@ argument: no GPU is needed, none is faked.
 
 import pytest
 
-from collective import context, devices
+from collective import context
+from collective.runtime import devices
 from collective.context import Context
 
 FOUR = ["0", "1", "2", "3"]
@@ -114,7 +115,7 @@ def test_the_library_sessions_and_device_setter_use_the_pinned_gpu(horovodrun_ra
 
     import collective.hb as hb
     from collective import CollectiveStrategy
-    from collective.estimator import build_estimator
+    from collective.integration.estimator import build_estimator
 
     strategy = CollectiveStrategy()
     assert strategy.session_config().gpu_options.visible_device_list == "2"

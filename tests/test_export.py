@@ -89,9 +89,9 @@ def test_export_reports_the_export_phase_to_the_launcher(tmp_path, monkeypatch):
     sent no heartbeat before the export sends none after it (the launcher has nothing to judge it by)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from collective import heartbeat  # pylint: disable=import-outside-toplevel
-    from collective.export import export_saved_model  # pylint: disable=import-outside-toplevel
-    from collective.stall import ENV, read_beat  # pylint: disable=import-outside-toplevel
+    from collective.runtime import heartbeat  # pylint: disable=import-outside-toplevel
+    from collective.integration.export import export_saved_model  # pylint: disable=import-outside-toplevel
+    from collective.runtime.stall import ENV, read_beat  # pylint: disable=import-outside-toplevel
 
     path = str(tmp_path / "heartbeat")
     monkeypatch.setenv(ENV, path)

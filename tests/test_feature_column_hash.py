@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from collective import CollectiveStrategy, modes
+from collective import CollectiveStrategy
+from collective.embedding import modes
 from collective import hash_embedding_column as cfc
 from collective.embedding import hash_table, key_init
 from workers import hash_cases as cases

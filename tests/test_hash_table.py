@@ -91,7 +91,7 @@ def test_estimator_modes_pick_the_lookup_mode():
 
 def test_export_form_serves_keys_through_the_exchange():
     """Export mode: a [rows, dim] variable + key -> row lookup table; unseen keys read zeros, nothing inserted."""
-    from collective import modes  # pylint: disable=import-outside-toplevel
+    from collective.embedding import modes  # pylint: disable=import-outside-toplevel
     from collective.embedding import lookup as sharded  # pylint: disable=import-outside-toplevel
     from collective.embedding.table import shard_of  # pylint: disable=import-outside-toplevel
 
@@ -117,7 +117,8 @@ def test_export_form_serves_keys_through_the_exchange():
 @pytest.mark.parametrize("lookup", ["v1", "v2", "embedding_column"])
 def test_safe_lookup_leaves_empty_rows_out_of_the_vocabulary(lookup):
     """Regression: TensorFlow fills empty rows with id 0 before the lookup, which inserted key 0."""
-    from collective import CollectiveStrategy, hash_embedding_column  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective import hash_embedding_column
 
     strategy = CollectiveStrategy("hb")
     # Sample 1 is empty, sample 2 holds only a negative key (pruned, as TensorFlow does): both give zeros.
@@ -147,7 +148,8 @@ def test_safe_lookup_leaves_empty_rows_out_of_the_vocabulary(lookup):
 
 def test_sok_hash_layer_builds_in_an_export_graph():
     """Regression: a SOK hash-table layer built for export raised "'ExportedTable' has no attribute 'variables'"."""
-    from collective import modes, sok  # pylint: disable=import-outside-toplevel
+    from collective import sok  # pylint: disable=import-outside-toplevel
+    from collective.embedding import modes
 
     values = np.arange(8, dtype=np.float32).reshape(2, 4)
     with tf.Graph().as_default(), modes.exporting({"items/embedding_variables": 2}):

@@ -1,4 +1,4 @@
-"""collective.hooks in one process (the multi-worker numbers are checked in test_estimator.py)."""
+"""collective.integration.hooks in one process (the multi-worker numbers are checked in test_estimator.py)."""
 
 import os
 import signal
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from collective import CollectiveStrategy, preemption
-from collective.hooks import GlobalMetricsHook, ThroughputHook
+from collective import CollectiveStrategy
+from collective.runtime import preemption
+from collective.integration.hooks import GlobalMetricsHook, ThroughputHook
 
 
 def linear_model():
@@ -38,7 +39,7 @@ def test_throughput_hook_records_under_monitored_training_session(caplog):
         loss, train_op = linear_model()
         tf.compat.v1.add_to_collection("train_op", train_op)
         hook = ThroughputHook(every_n_steps=2, batch_size=3, loss=loss)
-        with caplog.at_level("INFO", logger="collective.hooks"):
+        with caplog.at_level("INFO", logger="collective.integration.hooks"):
             run_steps([hook], 5)
     assert [r["step"] for r in hook.records] == [2, 4, 5]
     assert [r["samples"] for r in hook.records] == [6, 6, 3]

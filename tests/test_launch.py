@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from collective import launch
+from collective.runtime import launcher as launch
 from launcher import run_workers
 
 

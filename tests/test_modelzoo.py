@@ -22,7 +22,7 @@ from launcher import run_workers
 import collective.data
 from collective.byte_model import sent_bytes
 from modelzoo import heads
-from modelzoo.features import import_datasets
+from modelzoo.repository import import_datasets
 
 MODELS = ("dlrm", "deepfm", "movielens")
 pytestmark = pytest.mark.timeout(1800)  # 12 small trainings in 2 launches: minutes, longer on a loaded machine

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from modelzoo import data as data_lib
-from modelzoo.features import import_datasets
+from modelzoo.repository import import_datasets
 from modelzoo.heads import exact_auc
 from modelzoo.quality import seen_ids_teacher_auc
 

@@ -1,4 +1,4 @@
-"""collective.stall's detector on heartbeat files written here (a fake clock), and the launcher's Job around it.
+"""collective.runtime.stall's detector on heartbeat files written here (a fake clock), and the launcher's Job around it.
 
 No TensorFlow: the Job tests run tiny Python processes that write heartbeat lines as workers do.
 """
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from collective import launch, stall
+from collective.runtime import launcher as launch
+from collective.runtime import stall
 
 
 def _watch(tmp_path, beats, **kwargs):

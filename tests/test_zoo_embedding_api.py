@@ -8,7 +8,8 @@ import tensorflow as tf
 
 from modelzoo.deepfm.model import model_fn as deepfm_fn
 from modelzoo.dlrm.model import model_fn as dlrm_fn
-from modelzoo.features import criteo_spec, import_datasets
+from modelzoo.repository import import_datasets
+from modelzoo.spec import criteo_spec
 
 datasets = import_datasets()
 

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint import layout
+from collective.checkpoint import layout, logical
 from collective.checkpoint.model_dir import checkpoint_key
 from collective.embedding.layout import ShardLayout
 from collective.embedding.table import shard_of
@@ -68,7 +68,7 @@ def families(sharded: List[tf.Variable]) -> List[HashFamily]:
 
 def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
     """Adds this worker's save of ``family`` (a no-op when it holds no key) and the row bounds."""
-    keys, rows = family.index.entries()
+    keys, rows = logical.held_rows(shard_of(family.variables[0]))
     count = tf.size(keys, out_type=tf.int64)
     counts = comm.allgather(tf.reshape(count, [1]))
     family.row_splits = tf.concat([[0], tf.cumsum(counts)], axis=0)
@@ -77,7 +77,7 @@ def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
     names = [keys_key(family.name)] + [checkpoint_key(v) for v in family.variables]
     specs = [layout.slice_spec([total], offset, count)] + [
         layout.slice_spec([total, int(v.shape[1])], offset, count) for v in family.variables]
-    tensors = [keys] + [tf.gather(v.read_value(), rows) for v in family.variables]
+    tensors = [keys] + [logical.held_values(v, rows) for v in family.variables]
 
     def write():
         with tf.control_dependencies([io_ops.save_v2(part_prefix, names, tf.stack(specs), tensors)]):
@@ -99,25 +99,9 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     specs = [layout.slice_spec([total], lo, hi - lo)] + [
         layout.slice_spec([total, int(v.shape[1])], lo, hi - lo) for v in variables]
     stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
-    keys = tf.reshape(stored[0], [-1])
-    mine = ShardLayout(rank, world_size).owns(keys)
-    family.restore_block = insert_rows(
-        index, variables, tf.boolean_mask(keys, mine),
-        [tf.boolean_mask(tf.reshape(values, [-1, int(v.shape[1])]), mine) for v, values in zip(variables, stored[1:])])
-
-
-def insert_rows(index, variables: List[tf.Variable], keys: tf.Tensor, values: List[tf.Tensor]) -> tf.Operation:
-    """Inserts ``keys`` (owned by this worker) into ``index`` and writes their rows of each of ``variables``.
-
-    ``values`` holds one ``[keys, dim]`` tensor per variable. The index orders
-    inserts built in one graph after each other; a restore must not wait for
-    a training lookup's insert (it would need the model's inputs), so this one
-    is built outside that chain.
-    """
-    last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access
-    rows = index.find_or_insert(keys)
-    index._last_insert = last_insert  # pylint: disable=protected-access
-    return tf.group(*[v.scatter_update(tf.IndexedSlices(vals, rows)) for v, vals in zip(variables, values)])
+    keys, values = logical.keep_owned(ShardLayout(rank, world_size), tf.reshape(stored[0], [-1]), [
+        tf.reshape(rows, [-1, int(v.shape[1])]) for v, rows in zip(variables, stored[1:])])
+    family.restore_block = logical.insert_rows(index, variables, keys, values)
 
 
 def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:

@@ -18,6 +18,7 @@ from typing import List
 import tensorflow as tf
 
 from collective import comm
+from collective.checkpoint import logical
 from collective.embedding.layout import ShardLayout
 from collective.embedding.table import ShardInfo
 from collective.tf_internals import io_ops
@@ -53,7 +54,7 @@ def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     bounds = block_bounds(info.vocab, n)
     if not info.layout.sharded:
         return local[bounds[r]:bounds[r + 1]]
-    ids = info.layout.global_row(tf.range(tf.shape(local, out_type=tf.int64)[0], dtype=tf.int64))
+    ids, _ = logical.held_rows(info)
     owner = tf.searchsorted(tf.constant(bounds[1:], tf.int64), ids, side="right", out_type=tf.int32)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
     received, _ = comm.alltoall(local, splits)

@@ -19,7 +19,7 @@ collectives). A save is all-or-nothing:
 
 Saving over an existing checkpoint (the same step again) is not atomic: the
 merge renames the data files over the old ones, then truncates and rewrites
-the old index. ``collective.session.CheckpointSaverHook`` therefore skips
+the old index. ``collective.integration.session.CheckpointSaverHook`` therefore skips
 the save of the step a session was just restored from (:meth:`Saver.restored_into`).
 
 :meth:`Saver.restore` needs no collective: each worker reads the stored
@@ -40,7 +40,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saver_pb2
 
-from collective import comm, heartbeat
+from collective import comm
+from collective.runtime import heartbeat
 from collective.checkpoint import hash_tables, layout
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of

@@ -15,7 +15,8 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from collective import comm, sync
+from collective import comm
+from collective.integration import sync
 from collective.data.files import FileSpec
 from collective.data.reader import parquet_dataset
 
@@ -46,7 +47,7 @@ class SynchronisedIterator:
     After its last batch a worker gets batches with zero rows while others
     still have data (its lookups keep serving theirs); ``get_next()`` raises
     ``OutOfRangeError`` on every worker in the first step in which no worker
-    has data left (:mod:`collective.sync`), which ends
+    has data left (:mod:`collective.integration.sync`), which ends
     ``MonitoredTrainingSession`` loops together.
     """
 

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from collective import logs
+from collective.runtime import logs
 from collective.demo import figures
 
 logger = logging.getLogger("collective.demo")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import List, Mapping
 
-from collective import plots
+from collective.cli import plots
 
 LOSS, SAMPLES, BYTES = "loss.png", "samples_per_sec.png", "bytes_per_sample.png"
 # hb and sok start on the same curve (the same batches) and part only by float rounding, compounded.

@@ -177,9 +177,3 @@ def _is_attached(t) -> bool:
     if not hasattr(values, "graph") or not isinstance(values, tf.Tensor):
         return False
     return values.ref() in _attached.get(values.graph, {})
-
-
-patches.register(clip_ops, "global_norm", global_norm,
-                 "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)")
-patches.register(tf.linalg, "global_norm", global_norm, "the same, under its public name")
-patches.register(tf.compat.v1, "global_norm", global_norm, "the same, under its public v1 name")

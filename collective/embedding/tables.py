@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 
 import tensorflow as tf
 
-from collective import modes
+from collective.embedding import modes
 from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""``hb.estimator``: HybridBackend's Estimator names over :mod:`collective.estimator`.
+"""``hb.estimator``: HybridBackend's Estimator names over :mod:`collective.integration.estimator`.
 
     model = hb.estimator.Estimator(model_fn=model_fn, model_dir=model_dir)
     hb.estimator.train_and_evaluate(model, train_spec, eval_spec)
@@ -23,10 +23,10 @@ def Estimator(model_fn: Callable, model_dir: Optional[str] = None, config=None, 
     directory and every worker uses it, as ``tf.estimator.Estimator`` makes one
     per process (on several hosts pass a model_dir on a shared file system).
     ``shard_input`` and ``throughput_every_n_steps`` are passed to
-    :class:`collective.estimator.CollectiveEstimator`; any other keyword argument
+    :class:`collective.integration.estimator.CollectiveEstimator`; any other keyword argument
     (``tf.estimator.Estimator``'s ``warm_start_from``...) is refused with a ``TypeError``.
     """
-    from collective.estimator import build_estimator  # pylint: disable=import-outside-toplevel
+    from collective.integration.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 
     return build_estimator(strategy(), model_fn, model_dir, config=config, params=params, **kwargs)
 

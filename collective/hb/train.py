@@ -3,7 +3,7 @@
 Every ``tf.compat.v1.train`` optimizer has a wrapper of the same name here
 (``hb.train.AdamOptimizer``...), and :func:`wraps_optimizer` makes one of a
 user's class. A wrapped optimizer trains synchronously inside or outside
-``hb.scope()``, exactly as :mod:`collective.training` makes every optimizer
+``hb.scope()``, exactly as :mod:`collective.integration.training` makes every optimizer
 inside the scope: ``compute_gradients`` averages, ``apply_gradients``
 averages what is not averaged yet, and no gradient is averaged twice.
 """
@@ -17,7 +17,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from collective import comm, context, training
+from collective import comm, context
+from collective.integration import training
 from collective.embedding import hash_table, tables
 from collective.embedding.table import shard_of
 from collective.tf_internals import optimizer_lib, patches
@@ -49,7 +50,7 @@ def wraps_optimizer(cls: type) -> type:
     over workers, as Horovod's ``DistributedOptimizer``, and
     ``apply_gradients`` averages those not averaged yet (from ``tf.gradients``),
     inside or outside ``hb.scope()``, each gradient once
-    (:mod:`collective.training`). Slots of sharded tables are the tables'
+    (:mod:`collective.integration.training`). Slots of sharded tables are the tables'
     rows wherever the optimizer was built (:mod:`collective.embedding.tables`).
     """
     if not (isinstance(cls, type) and issubclass(cls, optimizer_lib.Optimizer)):
@@ -126,7 +127,7 @@ def device_setter() -> str:
     """The device this worker's graph goes on: its own GPU, or ``/cpu:0``.
 
     The GPU is chosen by local rank whatever started the workers (our launcher, ``horovodrun``,
-    ``mpirun``, ``srun``; :mod:`collective.devices`) and the session is pinned to it:
+    ``mpirun``, ``srun``; :mod:`collective.runtime.devices`) and the session is pinned to it:
     ``hb.train.MonitoredTrainingSession`` and ``hb.estimator.Estimator`` set
     ``gpu_options.visible_device_list`` to it, so in the session it is named ``/gpu:0`` on every
     worker (on local rank 1 of a host with four visible GPUs, ``/gpu:0`` is the second GPU). A
@@ -167,7 +168,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
 
     Every worker passes ``is_chief=True`` (each initialises its own shards).
     Dense variables start as rank 0's; checkpoints, when ``checkpoint_dir``
-    is given, go through :func:`collective.session.MonitoredTrainingSession`
+    is given, go through :func:`collective.integration.session.MonitoredTrainingSession`
     (whole logical tables, restorable on any number of workers).
     """
     comm.init()
@@ -175,9 +176,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
     if comm.world_size() > 1:
         hooks.append(_BroadcastDenseVariablesHook())
     try:
-        from collective.session import MonitoredTrainingSession as session_fn  # pylint: disable=import-outside-toplevel
+        from collective.integration.session import MonitoredTrainingSession as session_fn  # pylint: disable=import-outside-toplevel
     except ImportError:
-        logger.warning("collective.session is not available: checkpoints use TensorFlow's own saver")
+        logger.warning("collective.integration.session is not available: checkpoints use TensorFlow's own saver")
         session_fn = tf.compat.v1.train.MonitoredTrainingSession
     from collective.hb.scope import scope  # pylint: disable=import-outside-toplevel
 

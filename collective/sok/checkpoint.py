@@ -9,8 +9,8 @@ under the variable's own checkpoint key, two tensors instead of the shard:
 - ``VARIABLE_VALUE``: ``[keys, dim]``, the logical table's rows in ascending key order;
 - ``keys``: ``[keys]`` int64, those keys (``0 .. rows-1`` for a table without a hash table).
 
-Saving gathers every worker's rows on worker 0 (one alltoall per table,
-:func:`collective.sok.table_io.to_rank0`): **a save is a collective, every
+Saving gathers every worker's rows on worker 0 (one alltoall per tensor,
+:func:`collective.checkpoint.logical.gather_on_rank0`): **a save is a collective, every
 worker calls it**, as ``sok.dump`` and TensorFlow's own multi-worker Keras
 saving. Worker 0's file is the checkpoint; the other workers write theirs
 (empty tables) to a path of their own, :func:`checkpoint_path`. Restoring
@@ -37,8 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
+from collective.checkpoint import logical
 from collective.embedding.table import ShardInfo, shard_of
-from collective.sok.table_io import assign_owned, held_keys, held_values, to_rank0
 from collective.tf_internals import saveable_object_util
 
 logger = logging.getLogger("collective.sok")
@@ -59,6 +59,8 @@ def save_logical(var: tf.Variable, info: Optional[ShardInfo] = None, where: Opti
     writes the restored rows this worker owns instead of :func:`restore_table`.
     """
     table = (lambda: info) if info is not None else (lambda: shard_of(var))
+    # Set on this one variable, not patched into TensorFlow: only SOK shards save as logical tables, through the
+    # hooks every trackable checkpoint calls (this module's refuse_save and not_saved do the same).
     var._serialize_to_tensors = lambda: _serialize(var, table())  # pylint: disable=protected-access
     var._restore_from_tensors = lambda restored: _restore(  # pylint: disable=protected-access
         var, table(), restored, write or restore_table, where)
@@ -114,10 +116,7 @@ def _serialize(var: tf.Variable, info: ShardInfo) -> dict:
         if not gathered:
             logger.debug("sok checkpoint: gathering %s on worker 0 (every worker must call save)", info.name)
             with comm.uncounted():
-                keys, rows = held_keys(info)
-                keys, values = to_rank0(keys), to_rank0(held_values(var, rows))
-            order = tf.argsort(keys)
-            gathered[KEYS], gathered[VALUES] = tf.gather(keys, order), tf.gather(values, order)
+                gathered[KEYS], (gathered[VALUES],) = logical.gather_on_rank0(info, [var])
         return gathered
 
     save_spec = saveable_object_util.saveable_object.SaveSpec
@@ -131,8 +130,7 @@ def _restore(var: tf.Variable, info: ShardInfo, restored: dict, write: Callable,
     keys, values = tf.reshape(restored[KEYS], [-1]), restored[VALUES]
     checks = _checks(info, keys, values, where or f"SOK table {info.name}")
     with tf.control_dependencies(checks):
-        mine = info.layout.owns(keys)
-        keys, values = tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine)
+        keys, (values,) = logical.keep_owned(info.layout, keys, [values])
     return write(var, info, keys, values)
 
 
@@ -141,7 +139,7 @@ def restore_table(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf
 
     Slot rows whose write waits for this index (:func:`restore_hash_slot`) follow it.
     """
-    done = assign_owned([var], info, keys, [values])
+    done = logical.assign_owned([var], info, keys, [values])
     index = info.hash_index
     if index is None:
         return done
@@ -150,7 +148,7 @@ def restore_table(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf
         index._sok_restored = (None, keys.numpy())  # pylint: disable=protected-access
         for slot, slot_keys, values_, initial, graph in pending:
             if graph is None and np.array_equal(slot_keys.numpy(), keys.numpy()):
-                _write_hash_slot(slot, index, slot_keys, values_, initial, None)
+                logical.assign_slot_rows(slot, index, slot_keys, values_, initial)
             else:
                 logger.warning("sok checkpoint: %s restored other keys than its optimizer slot %s; the slot keeps "
                                "its values", info.name, slot.name)
@@ -158,7 +156,8 @@ def restore_table(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf
     graph = tf.compat.v1.get_default_graph()
     done = tf.group(done)
     index._sok_restored = (graph, done)  # pylint: disable=protected-access
-    writes = [_write_hash_slot(slot, index, k, v, initial, done) for slot, k, v, initial, g in pending if g is graph]
+    writes = [logical.assign_slot_rows(slot, index, k, v, initial, done)
+              for slot, k, v, initial, g in pending if g is graph]
     return tf.group(done, *writes)
 
 
@@ -183,25 +182,15 @@ def restore_hash_slot(slot: tf.Variable, info: ShardInfo, keys: tf.Tensor, value
     marker = getattr(index, "_sok_restored", None)
     if tf.executing_eagerly():
         if marker is not None and marker[0] is None and np.array_equal(marker[1], keys.numpy()):
-            return _write_hash_slot(slot, index, keys, values, initial, None)
+            return logical.assign_slot_rows(slot, index, keys, values, initial)
         graph = None
     else:
         graph = tf.compat.v1.get_default_graph()
         if marker is not None and marker[0] is graph:
-            return _write_hash_slot(slot, index, keys, values, initial, marker[1])
+            return logical.assign_slot_rows(slot, index, keys, values, initial, marker[1])
     pending = [p for p in getattr(index, "_sok_pending", []) if p[0] is not slot]
     index._sok_pending = pending + [(slot, keys, values, initial, graph)]  # pylint: disable=protected-access
     return None if graph is None else tf.no_op()
-
-
-def _write_hash_slot(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tensor, initial: tf.Tensor, after):
-    """The slot's initial value everywhere, then ``values`` at the rows ``index`` holds ``keys`` at."""
-    with tf.control_dependencies([after] if after is not None else []):
-        rows = index.find(keys)
-        held = rows >= 0
-        reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), tf.shape(slot)), read_value=False)
-    with tf.control_dependencies([reset] if reset is not None else []):
-        return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))
 
 
 def _checks(info: ShardInfo, keys: tf.Tensor, values: tf.Tensor, where: str) -> list:

@@ -29,15 +29,13 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-import numpy as np
 import tensorflow as tf
 
-from collective import comm
+from collective.checkpoint import logical
 from collective.embedding.table import ShardInfo, shard_of
-from collective.sok.table_io import (KEYS_SUFFIX, VALUES_SUFFIX, assign_owned, dump_files, held_keys, held_values,
-                                     numpy_call, read_owned, text, to_rank0, write_dump)
+from collective.sok.dump_format import dump_tables, load_tables
 
-__all__ = ["KEYS_SUFFIX", "VALUES_SUFFIX", "Saver", "dump_files", "var_name"]
+__all__ = ["Saver", "var_name"]
 
 
 def var_name(embedding_variable: Any) -> str:
@@ -62,33 +60,8 @@ class Saver:
           ``b"OK"`` once worker 0 has written both files (a tensor to run in a graph).
         """
         info, _ = _table(embedding_variable, "dump_to_file")
-        name = var_name(embedding_variable)
-        keys, rows = held_keys(info)
-        keys, values = to_rank0(keys), to_rank0(held_values(embedding_variable, rows))
-        is_writer = comm.rank() == 0
-
-        def write(directory, keys, values):
-            if not is_writer:
-                return np.int64(0), b""
-            try:
-                write_dump(text(directory), name, keys, values)
-            except OSError as err:
-                return np.int64(1), f"{type(err).__name__}: {err}".encode()
-            return np.int64(0), b""
-
-        failed, message = numpy_call(write, [tf.convert_to_tensor(filepath, tf.string), keys, values],
-                                     [tf.int64, tf.string])
-        failed = comm.allreduce(tf.reshape(failed, [1]), "sum")[0] if comm.world_size() > 1 else failed
-        if tf.executing_eagerly():
-            if int(failed):
-                raise OSError(f"sok.Saver.dump_to_file: worker 0 could not write the dump of {name} into "
-                              f"{text(filepath)}: {text(message.numpy()) or 'see worker 0'}")
-            return tf.constant(b"OK")
-        check = tf.debugging.Assert(
-            tf.equal(failed, 0),
-            [f"sok.Saver.dump_to_file: worker 0 could not write the dump of {name} into", filepath, message])
-        with tf.control_dependencies([check]):
-            return tf.identity(tf.constant(b"OK"))
+        return dump_tables("sok.Saver.dump_to_file", filepath, [var_name(embedding_variable)], info,
+                           [embedding_variable])
 
     def restore_from_file(self, embedding_variable, filepath) -> tf.Tensor:
         """Loads this worker's rows of the table ``embedding_variable`` from a dump in directory ``filepath``.
@@ -98,17 +71,8 @@ class Saver:
         keeps the others; a hash table is emptied and then holds exactly the
         dumped keys it owns.
         """
-        info, index = _table(embedding_variable, "restore_from_file")
-        name = var_name(embedding_variable)
-        dtype = embedding_variable.dtype.base_dtype
-        key_dtype = tf.as_dtype(getattr(embedding_variable, "m_key_dtype", tf.int64)).name
-        rows = None if index is not None else info.vocab
-
-        def read(directory):
-            return read_owned(text(directory), name, info, dtype.as_numpy_dtype, rows, key_dtype)
-
-        keys, values = numpy_call(read, [tf.convert_to_tensor(filepath, tf.string)], [tf.int64, dtype])
-        return _assign(embedding_variable, info, keys, values)
+        info, _ = _table(embedding_variable, "restore_from_file")
+        return _done(load_tables(filepath, [var_name(embedding_variable)], info, [embedding_variable]))
 
     def load_embedding_values(self, embedding_variable, tensors) -> tf.Tensor:
         """Sets the table of ``embedding_variable`` from ``tensors``: row ``i`` is key ``i``.
@@ -142,8 +106,8 @@ class Saver:
                         "(max_vocabulary_size_per_gpu * workers)"))
         with tf.control_dependencies(checks):
             keys = tf.range(count, dtype=tf.int64)
-        mine = info.layout.owns(keys)
-        return _assign(embedding_variable, info, tf.boolean_mask(keys, mine), tf.boolean_mask(values, mine))
+        keys, (values,) = logical.keep_owned(info.layout, keys, [values])
+        return _done(logical.assign_owned([embedding_variable], info, keys, [values]))
 
 
 # ---------------------------------------------------------------- helpers
@@ -183,10 +147,9 @@ def _check_static_shape(values: tf.Tensor, info: ShardInfo, fixed_rows: bool, na
                          f"{info.world_size} workers)")
 
 
-def _assign(var: tf.Variable, info: ShardInfo, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """Writes this worker's ``keys`` (which it owns) with ``values``; ``b"OK"`` once done (a tensor in a graph)."""
-    done = assign_owned([var], info, keys, [values])
+def _done(assigned: tf.Operation) -> tf.Tensor:
+    """``b"OK"`` once ``assigned`` has run (eagerly it has: a constant)."""
     if tf.executing_eagerly():
         return tf.constant(b"OK")
-    with tf.control_dependencies([done]):
+    with tf.control_dependencies([assigned]):
         return tf.identity(tf.constant(b"OK"))

@@ -1,29 +1,29 @@
 """SOK v2's ``sok.dump`` and ``sok.load``: whole logical tables with their optimizer slots, N -> M.
 
-Files use :mod:`collective.sok.saver`'s format (:mod:`collective.sok.table_io`):
-for a variable named ``NAME`` (``/`` as ``_``), ``NAME_keys.file`` and ``NAME_values.file``, and per
-optimizer slot ``S`` ``NAME-S_keys.file`` / ``NAME-S_values.file`` (the same
-keys, the slot's rows). Worker 0 writes; every worker reads the keys it owns
-under its own world size, so a dump from N workers loads on M.
-Eagerly and in ``tf.function`` they act at once; in TF1 graphs they return an op.
+Files use ``sok.Saver``'s format (:mod:`collective.sok.dump_format`): for a
+variable named ``NAME`` (``/`` as ``_``), ``NAME_keys.file`` and
+``NAME_values.file``, and per optimizer slot ``S`` ``NAME-S_keys.file`` /
+``NAME-S_values.file`` (the same keys, the slot's rows). Worker 0 writes;
+every worker reads the keys it owns under its own world size, so a dump
+from N workers loads on M. Eagerly and in ``tf.function`` they act at once;
+in TF1 graphs they return an op.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from collective import comm
-from collective.embedding.table import ShardInfo, shard_of
-from collective.sok.table_io import (assign_owned, held_keys, held_values, numpy_call, read_owned, text, to_rank0,
-                                     write_dump)
+from collective.embedding.table import shard_of
+from collective.sok.dump_format import dump_tables, load_tables
 from collective.sok.v2_optimizer import OptimizerWrapper
 
 
-def _file_name(var) -> str:
-    return shard_of(var).name.replace("/", "_")
+def _file_names(var, slots: Dict[str, tf.Variable]) -> List[str]:
+    """The dump names of ``var`` and of each of its ``slots``."""
+    name = shard_of(var).name.replace("/", "_")
+    return [name] + [f"{name}-{slot}" for slot in slots]
 
 
 def _slots(var, optimizer) -> Dict[str, tf.Variable]:
@@ -48,36 +48,9 @@ def dump(path: str, sok_vars: Sequence, optimizer=None):
     """
     ops = []
     for var in _check(sok_vars, "sok.dump"):
-        keys, rows = held_keys(shard_of(var))
-        tables = {"": var, **{f"-{s}": slot for s, slot in _slots(var, optimizer).items()}}
-        keys0 = to_rank0(keys)
-        for suffix, table in tables.items():
-            name = _file_name(var) + suffix
-
-            def write(directory, k, v, name=name):
-                if comm.rank() == 0:
-                    write_dump(text(directory), name, k, v)
-                return (np.int64(0),)
-
-            values0 = to_rank0(held_values(table, rows))
-            ops.append(numpy_call(write, [tf.convert_to_tensor(path, tf.string), keys0, values0], [tf.int64])[0])
-    done = comm.allreduce(tf.reshape(tf.add_n(ops), [1]), "sum") if comm.world_size() > 1 else tf.add_n(ops)
-    return None if tf.executing_eagerly() else tf.group(done)
-
-
-def _load_one(path, var, info: ShardInfo, slots: Dict[str, tf.Variable]):
-    names = [_file_name(var)] + [f"{_file_name(var)}-{s}" for s in slots]
-    tables = [var] + list(slots.values())
-    rows = None if info.hash_index is not None else info.vocab
-    dtype = var.dtype.base_dtype
-    key_dtype = tf.as_dtype(getattr(var, "m_key_dtype", tf.int64)).name
-
-    def read(directory):
-        parts = [read_owned(text(directory), n, info, dtype.as_numpy_dtype, rows, key_dtype) for n in names]
-        return [parts[0][0]] + [p[1] for p in parts]
-
-    out = numpy_call(read, [tf.convert_to_tensor(path, tf.string)], [tf.int64] + [dtype] * len(tables))
-    return assign_owned(tables, info, out[0], out[1:])
+        slots = _slots(var, optimizer)
+        ops.append(dump_tables("sok.dump", path, _file_names(var, slots), shard_of(var), [var, *slots.values()]))
+    return None if tf.executing_eagerly() else tf.group(ops)
 
 
 def load(path: str, sok_vars: Sequence, optimizer=None):
@@ -93,7 +66,7 @@ def load(path: str, sok_vars: Sequence, optimizer=None):
         if optimizer is not None and not slots and _needs_slots(optimizer):
             raise ValueError(f"sok.load: the optimizer has no slots for '{var.name}' yet; build them first "
                              "(optimizer.build(variables) for a Keras optimizer)")
-        ops.append(_load_one(path, var, shard_of(var), slots))
+        ops.append(load_tables(path, _file_names(var, slots), shard_of(var), [var, *slots.values()]))
     return None if tf.executing_eagerly() else tf.group(ops)
 
 

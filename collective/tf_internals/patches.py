@@ -123,6 +123,16 @@ def register(owner: object, attribute: str, replacement: Callable, why: str, *, 
     return patch
 
 
+def registration(owner: object, attribute: str) -> Patch:
+    """The :class:`Patch` registered for ``owner.attribute`` (``KeyError`` naming it if none is)."""
+    with _lock:
+        patch = _registry.get((owner, attribute))
+    if patch is None:
+        raise KeyError(f"no patch of {_owner_name(owner)}.{attribute} is registered; import "
+                       "collective.integration.replacements first")
+    return patch
+
+
 def registered() -> List[Registration]:
     """Every registered patch as ``(owner name, attribute, why)``, in registration order."""
     with _lock:

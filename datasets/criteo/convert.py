@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from collective import progress as progress_bar
+from collective.cli import progress as progress_bar
 from datasets import schema
 from datasets.criteo.parse import Rejected, TsvBlocks, hex_values, numeric, validate
 from datasets.criteo.vocab import FrequencyCounter, Vocabulary, hashed_ids, table_sizes

@@ -1,8 +1,8 @@
 """MovieLens ratings -> Parquet (``python -m datasets.movielens --help``).
 
 Public API:
-  convert(src, out_dir, *, fmt=None, split="random", test_fraction=0.2, seed=0, data_dir=None, progress=True)
-      -> MovieLensSummary
+  convert(src, out_dir, *, fmt=None, split="random", test_fraction=0.2, seed=0, data_dir=None,
+          row_group_size=None, progress=True) -> MovieLensSummary
   read(path, fmt=None, data_dir=None) -> Release;  read_100k, read_1m, read_csv, read_tfds, detect_format
   split_mask(ratings, user_id, how="random", test_fraction=0.2, seed=0) -> bool array (True = test)
 """

@@ -24,11 +24,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_flag(parser, "--test_fraction", type=float, default=0.2, help="share of ratings in test (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random split (default 0)")
     add_flag(parser, "--data_dir", help="tensorflow_datasets data directory (with --format tfds)")
+    add_flag(parser, "--row_group_size", type=int, default=None,
+             help="rows per row group of train.parquet and test.parquet (default: pyarrow's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     summary = convert(args.src, args.out, fmt=args.format, split=args.split, test_fraction=args.test_fraction,
-                      seed=args.seed, data_dir=args.data_dir, progress=not args.quiet)
+                      seed=args.seed, data_dir=args.data_dir, row_group_size=args.row_group_size,
+                      progress=not args.quiet)
     print(summary)
     return 0
 

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collective import progress as progress_bar
+from collective.cli import progress as progress_bar
 from datasets.movielens.readers import SPLITS_100K, MovieLensError, Release, read, read_100k_split
 
 logger = logging.getLogger("datasets.movielens")
@@ -119,13 +119,15 @@ def _side(release: Release, user_id: np.ndarray, item_id: np.ndarray, user_keys,
 
 def convert(src: str, out_dir: str, *, fmt: Optional[str] = None, split: str = "random",
             test_fraction: float = 0.2, seed: int = 0, data_dir: Optional[str] = None,
-            progress: bool = True) -> MovieLensSummary:
+            row_group_size: Optional[int] = None, progress: bool = True) -> MovieLensSummary:
     """Converts the MovieLens release in ``src`` (see :func:`datasets.movielens.readers.read`) into ``out_dir``.
 
     Ids: users and items numbered ``0..n-1`` in order of their original ids,
     over the users/items files where the release has them (so unrated movies
-    keep an id), else over those rated. ``progress``: a bar of the conversion's
-    stages on stderr (:func:`collective.progress.bar`).
+    keep an id), else over those rated. ``row_group_size``: rows per row group of
+    ``train.parquet`` and ``test.parquet`` (None: pyarrow's default; small groups
+    let each worker read whole groups of its own). ``progress``: a bar of the
+    conversion's stages on stderr (:func:`collective.cli.progress.bar`).
     """
     with progress_bar.bar(4, "converting MovieLens", unit="stage", disable=not progress) as bar:
         def done(next_stage: str = "") -> None:
@@ -160,8 +162,9 @@ def convert(src: str, out_dir: str, *, fmt: Optional[str] = None, split: str = "
         done("writing")
         os.makedirs(out_dir, exist_ok=True)
         mask = pa.array(test)
-        pq.write_table(table.filter(pa.compute.invert(mask)), os.path.join(out_dir, "train.parquet"))
-        pq.write_table(table.filter(mask), os.path.join(out_dir, "test.parquet"))
+        pq.write_table(table.filter(pa.compute.invert(mask)), os.path.join(out_dir, "train.parquet"),
+                       row_group_size=row_group_size)
+        pq.write_table(table.filter(mask), os.path.join(out_dir, "test.parquet"), row_group_size=row_group_size)
         items = {"item_id": np.arange(len(item_keys)), "original_id": item_keys}
         if release.items is not None:
             items["title"] = release.items.set_index("item").reindex(item_keys)["title"].astype(str).to_numpy()

@@ -21,7 +21,6 @@ import pyarrow as pa
 
 from datasets import schema
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 _SCATTER = 2654435761  # a prime larger than every table: rank -> id is a bijection
 _WEIGHT_CACHE: Dict[int, Dict[Tuple[int, int], np.ndarray]] = {}
 DEFAULT_ZIPF = 1.1  # the ids' power-law exponent unless a caller picks another

@@ -1,4 +1,4 @@
-"""Writes synthetic Criteo-shaped Parquet files, one chunk (row group) in memory at a time."""
+"""Writes synthetic Criteo-shaped Parquet files, one chunk (row group) in memory at a time, or a Criteo TSV."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import logging
 import os
 from typing import List
 
+import numpy as np
 import pyarrow.parquet as pq
 
-from collective import progress as progress_bar
+from collective.cli import progress as progress_bar
 from datasets import schema
 from datasets.synthetic.generate import Teacher, generate_table
 
@@ -23,7 +24,7 @@ def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, se
 
     Rows are split as evenly as possible between files; each file is written
     in row groups of ``row_group_size`` rows. Deterministic in all arguments.
-    ``progress``: a bar of rows written on stderr (:func:`collective.progress.bar`).
+    ``progress``: a bar of rows written on stderr (:func:`collective.cli.progress.bar`).
     """
     if files < 1:
         raise ValueError(f"files={files} must be at least 1")
@@ -65,3 +66,20 @@ def generate(out_dir: str, rows: int, *, files: int = 1, scale: float = 0.01, se
             pq.ParquetWriter(path, schema.arrow_schema(), compression=compression).close()
     logger.info("wrote %d synthetic rows to %d file(s) in %s", rows, files, out_dir)
     return paths
+
+
+def write_criteo_tsv(table, path: str) -> int:
+    """Writes ``table`` (Criteo-shaped, as :func:`generate_table` makes it) as a Criteo TSV, what
+    ``python -m datasets.criteo`` converts: counts undo the numeric transform, ids become 8 hex digits.
+    Returns the file's size in bytes."""
+    cols = [table.column(schema.LABEL).to_numpy().astype(np.int64).astype(str)]
+    for name in schema.DENSE:
+        cols.append(np.round(np.expm1(table.column(name).to_numpy())).astype(np.int64).astype(str))
+    for name in schema.CATEGORICAL:
+        cols.append(np.char.mod("%08x", table.column(name).to_numpy() * 2654435761 % (1 << 32)))
+    lines = cols[0]
+    for col in cols[1:]:
+        lines = np.char.add(np.char.add(lines, "\t"), col)
+    with open(path, "w") as f:
+        f.write("\n".join(lines.tolist()) + "\n")
+    return os.path.getsize(path)

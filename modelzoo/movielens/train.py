@@ -1,11 +1,7 @@
 """Trains the MovieLens model: ``python modelzoo/movielens/train.py --help``, or on 2 workers
-``python -m collective.launch -n 2 modelzoo/movielens/train.py``."""
+``python -m collective.launch -n 2 modelzoo/movielens/train.py`` (or ``-m modelzoo.movielens.train``)."""
 
-import sys
-from pathlib import Path
+from modelzoo.script import script_main
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
-    from modelzoo.script import script_main
-
     script_main("modelzoo.movielens.model")

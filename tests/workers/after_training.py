@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.stall import ENV, read_beat
+from collective.runtime.stall import ENV, read_beat
 
 model_dir, seconds = sys.argv[1], float(sys.argv[2])
 strategy = CollectiveStrategy()

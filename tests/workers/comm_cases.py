@@ -43,6 +43,3 @@ def alltoall_ids(rank: int, size: int) -> np.ndarray:
     rows = int(splits(rank, size).sum())
     return np.arange(rows, dtype=np.int64) * 7 + (1 << 35) * rank
 
-
-def scatter_input(rank: int, size: int) -> np.ndarray:
-    return (np.arange(size * 2 * DIM, dtype=np.float64).reshape(size * 2, DIM) * (rank + 1)).astype(np.float32)

@@ -59,12 +59,6 @@ with tf.Graph().as_default():
         fetch[f"alltoall_{name}_grad"] = tf.gradients(loss, a_in)[0]
     fetch["alltoall_ids"] = comm.alltoall(const(cases.alltoall_ids(r, n)), splits)[0]
 
-    # reducescatter and its gradient.
-    s_in = const(cases.scatter_input(r, n))
-    s_out = comm.reducescatter(s_in, "sum")
-    fetch["reducescatter"] = s_out
-    fetch["reducescatter_grad"] = tf.gradients(tf.reduce_sum(s_out * cases.upstream(r, (2, cases.DIM))), s_in)[0]
-
     # broadcast from rank 0 and from the last rank.
     b_in = const(cases.dense(r))
     fetch["broadcast_0"] = comm.broadcast(b_in, 0)

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import estimator_cases as cases
 from collective import CollectiveStrategy, comm
-from collective.hooks import ThroughputHook
+from collective.integration.hooks import ThroughputHook
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 out_dir, backend = sys.argv[1], sys.argv[2]

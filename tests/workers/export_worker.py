@@ -15,7 +15,7 @@ import checkpoint_cases
 import embedding_cases as cases
 from collective import CollectiveStrategy
 from collective.checkpoint import Saver
-from collective.export import export_estimator
+from collective.integration.export import export_estimator
 
 base = sys.argv[1]
 

@@ -15,7 +15,7 @@ import matrix_cases as cases
 from collective import CollectiveStrategy
 from collective.embedding import hash_table
 from collective.embedding.table import shard_of
-from collective.training import average_gradients
+from collective.integration.training import average_gradients
 
 tf.get_logger().setLevel("ERROR")  # feature columns are deprecated; the matrix tests them anyway
 out_dir, backends = sys.argv[1], sys.argv[2].split(",")

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from collective import context
-from collective.export import export_estimator
+from collective.integration.export import export_estimator
 from modelzoo import deepfm, dlrm, movielens, runner
 from modelzoo.features import serving_input_receiver_fn
 

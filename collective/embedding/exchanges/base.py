@@ -2,7 +2,7 @@
 
 A lookup on a sharded table is a :class:`Request`: plain (``embedding_lookup``:
 one vector per id) or combined (``embedding_lookup_sparse``: one combined
-vector per segment). The dispatcher (:func:`collective.embedding.exchanges.run`)
+vector per segment). The dispatcher (:func:`collective.embedding.lookup.run`)
 checks and flattens each request (:func:`prepare`), serves world size 1 and
 tables held whole locally, and hands the rest to the table's exchange in
 groups of requests with the same :meth:`Exchange.group_key`: one group is one

@@ -19,11 +19,12 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from collective import comm, context, heartbeat, preemption
+from collective import comm, context
+from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
-logger = logging.getLogger("collective.session")
+logger = logging.getLogger("collective.integration.session")
 
 USE_DEFAULT = monitored_session.USE_DEFAULT
 _DEFAULT_CHECKPOINT_SECS = 600
@@ -51,7 +52,7 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
     them or on none. Only rank 0 writes ``graph.pbtxt`` and event files.
     The save at the start is skipped when the session was just restored from
     the checkpoint it would write (a resumed run), which stays as it was.
-    SIGTERM on any worker is a preemption notice (:mod:`collective.preemption`):
+    SIGTERM on any worker is a preemption notice (:mod:`collective.runtime.preemption`):
     all save the step they are at and exit. With ``save_steps`` that takes
     the same small per-step allreduce. At :meth:`end` SIGTERM gets its
     previous behaviour back.
@@ -231,10 +232,3 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                     log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
                     save_checkpoint_steps=None, summary_dir=summary_dir, save_graph_def=save_graph_def)
 
-
-_SESSION_WHY = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
-                "writes summaries")
-patches.register(monitored_session, "MonitoredTrainingSession", MonitoredTrainingSession, _SESSION_WHY)
-patches.register(tf.compat.v1.train, "MonitoredTrainingSession", MonitoredTrainingSession, _SESSION_WHY)
-patches.register(saver_lib, "_get_saver_or_default", default_saver,
-                 "a default Scaffold saves whole logical tables (collective.checkpoint.Saver)")

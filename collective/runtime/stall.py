@@ -1,7 +1,7 @@
 """Stall detection for ``python -m collective.launch``: reads the workers' heartbeats (TensorFlow-free).
 
 Each worker writes ``<phase> <steps finished> <unix time>`` to its own file
-(``collective.heartbeat``). When no worker's phase or step count has changed
+(``collective.runtime.heartbeat``). When no worker's phase or step count has changed
 for ``COLLECTIVE_STALL_TIMEOUT`` seconds, and none is in work that every
 worker takes part in or waits for (a checkpoint save, an evaluation, an
 export), the job is stalled: :meth:`StallWatch.check` says which rank holds

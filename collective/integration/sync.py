@@ -169,9 +169,3 @@ def batch_norm_supports_empty_batches(layer) -> bool:  # pylint: disable=unused-
     On a non-empty batch the layer computes what it computes without it.
     """
     return True
-
-
-patches.register(batch_normalization.BatchNormalizationBase, "_support_zero_size_input",
-                 batch_norm_supports_empty_batches,
-                 "Keras batch norm (v1 layers too): an empty batch of uneven input leaves the moving statistics "
-                 "unchanged and gives zero gradients instead of NaN")

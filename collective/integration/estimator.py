@@ -12,10 +12,10 @@
   ctx.input_pipeline_id)``, or build the estimator with
   ``shard_input=True`` to have every N-th batch kept). The dataset is padded
   with empty batches and all workers stop together in the first step where
-  none has data (:mod:`collective.sync`), so uneven shares never hang.
+  none has data (:mod:`collective.integration.sync`), so uneven shares never hang.
 - Training: the loss Estimator logs and returns is the mean over the
   workers that had data in the step. Checkpoints: every worker calls the
-  checkpoint saver at the same steps (:class:`collective.session.CheckpointSaverHook`;
+  checkpoint saver at the same steps (:class:`collective.integration.session.CheckpointSaverHook`;
   ``save_checkpoints_secs`` is agreed on by all workers after each step).
 - Evaluation: ``tf.compat.v1.metrics`` variables (loss mean, AUC, accuracy,
   the user's ``eval_metric_ops``) are summed over workers before the final
@@ -34,8 +34,9 @@ from typing import Any, Callable, Iterator, Optional
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from collective import (checkpoint, comm, context, heartbeat, hooks as hooks_lib, preemption, session as session_lib,
-                        sync)
+from collective import checkpoint, comm, context
+from collective.integration import hooks as hooks_lib, session as session_lib, sync
+from collective.runtime import heartbeat, preemption
 from collective.embedding import hash_table
 from collective.tf_internals import estimator_lib, function_utils, patches
 
@@ -78,7 +79,7 @@ class CollectiveEstimator:
       shard_input: keep every N-th element (batch) of the ``input_fn``'s
         dataset on each worker; leave False when ``input_fn`` reads its share.
       throughput_every_n_steps: interval of the default
-        :class:`collective.hooks.ThroughputHook` (default
+        :class:`collective.integration.hooks.ThroughputHook` (default
         ``config.log_step_count_steps``, else 100).
     """
 
@@ -158,11 +159,11 @@ class CollectiveEstimator:
 
     def export_saved_model(self, export_dir_base, serving_input_receiver_fn, assets_extra=None, as_text=False,
                            checkpoint_path=None, experimental_mode=ModeKeys.PREDICT):
-        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (``collective.export``).
+        """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (``collective.integration.export``).
 
         Every worker calls it; returns the export directory (bytes) on rank 0, None on the others.
         """
-        from collective import export  # pylint: disable=import-outside-toplevel
+        from collective.integration import export  # pylint: disable=import-outside-toplevel
 
         if experimental_mode != ModeKeys.PREDICT:
             raise ValueError(f"export_saved_model exports the PREDICT graph only; got experimental_mode="
@@ -198,7 +199,7 @@ class CollectiveEstimator:
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
-        with self._strategy.scope(), _rank0_outputs(), patches.applied(_LOSS_METRIC_PATCH), _every_worker_calls():
+        with self._strategy.scope(), _rank0_outputs(), patches.applied(patches.registration(estimator_lib, "_verify_and_create_loss_metric")), _every_worker_calls():
             yield
 
     def _input_fn(self, input_fn: Callable) -> Callable:
@@ -256,7 +257,7 @@ class CollectiveEstimator:
             loss = spec.loss
             if step is not None:
                 # Estimator's loss metric is a mean over batches: a worker's empty batch must not count
-                # (see _loss_metric_weighted_by_data).
+                # (see loss_metric_weighted_by_data).
                 loss = tf.where(step.has_data, loss, tf.zeros_like(loss))
                 tf.compat.v1.add_to_collection(_EVAL_HAS_DATA, step.has_data)
             return spec._replace(loss=loss, scaffold=scaffold,
@@ -334,7 +335,7 @@ def _checkpoint_saver(config) -> checkpoint.Saver:
                             save_relative_paths=True)
 
 
-def _loss_metric_weighted_by_data(eval_metric_ops, loss, distribution=None):
+def loss_metric_weighted_by_data(eval_metric_ops, loss, distribution=None):
     """Estimator's loss metric (a mean of batch losses), leaving out the empty batches of padded input."""
     flags = tf.compat.v1.get_collection(_EVAL_HAS_DATA)
     if not flags or distribution is not None:
@@ -349,21 +350,11 @@ _EVAL_HAS_DATA = "collective_eval_has_data"
 _LOSS_KEY = "loss"
 
 
-def _write_nothing(*args, **kwargs) -> None:  # pylint: disable=unused-argument
+def write_nothing(*args, **kwargs) -> None:  # pylint: disable=unused-argument
     """Estimator's summary writers on ranks other than 0."""
 
 
-_LOSS_METRIC_PATCH = patches.register(
-    estimator_lib, "_verify_and_create_loss_metric", _loss_metric_weighted_by_data,
-    "in every CollectiveEstimator call: the evaluation loss leaves out the empty batches of padded input",
-    on_demand=True)
-_NO_SUMMARY_PATCHES = (
-    patches.register(estimator_lib, "_write_dict_to_summary", _write_nothing,
-                     "on ranks other than 0, in CollectiveEstimator calls: no evaluation summaries", on_demand=True),
-    patches.register(estimator_lib, "_write_checkpoint_path_to_summary", _write_nothing,
-                     "on ranks other than 0, in CollectiveEstimator calls: no checkpoint-path summaries",
-                     on_demand=True),
-)
+_SUMMARY_WRITERS = ("_write_dict_to_summary", "_write_checkpoint_path_to_summary")
 
 
 @contextlib.contextmanager
@@ -376,7 +367,7 @@ def _rank0_outputs() -> Iterator[None]:
     level = tf_logger.level
     tf_logger.setLevel(max(level, logging.WARNING))
     try:
-        with patches.applied(*_NO_SUMMARY_PATCHES):
+        with patches.applied(*[patches.registration(estimator_lib, name) for name in _SUMMARY_WRITERS]):
             yield
     finally:
         tf_logger.setLevel(level)

@@ -5,7 +5,7 @@ worker writes one line to it, ``<phase> <steps finished> <unix time>``, when
 a training step starts (``step``), when it ends (``idle``) and around work
 that every worker takes part in or waits for (``save``, ``evaluate``,
 ``export``), which never counts as a stall. :class:`HeartbeatHook` writes the
-step lines; ``collective.session.MonitoredTrainingSession`` and
+step lines; ``collective.integration.session.MonitoredTrainingSession`` and
 ``strategy.estimator()`` add it. A program that trains without either sends
 no heartbeat (a save or an export there leaves none behind), and the launcher
 cannot tell a stall from slow work: Gloo's own timeout is then the limit.
@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from collective.stall import ENV
+from collective.runtime.stall import ENV
 
 _state: dict = {"steps": 0, "phase": None}  # phase None: no report yet
 

@@ -1,7 +1,7 @@
 """SavedModel export of a model trained with sharded tables, for plain TensorFlow serving.
 
 The model is built once more in a fresh graph inside
-:func:`collective.modes.exporting`, with the lookups routed as in
+:func:`collective.embedding.modes.exporting`, with the lookups routed as in
 ``scope()`` but TensorFlow's own variable creators and optimizer:
 ``embedding_scope()`` then makes plain full-size variables (hash tables a
 ``tf.lookup`` index plus values) and no op of this package or of Horovod
@@ -25,11 +25,13 @@ from typing import Callable, Dict, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from collective import comm, heartbeat, modes
+from collective import comm
+from collective.runtime import heartbeat
+from collective.embedding import modes
 from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
 from collective.tf_internals import compat, export_lib, export_utils, function_utils, patches
 
-logger = logging.getLogger("collective.export")
+logger = logging.getLogger("collective.integration.export")
 
 def hash_table_keys_name(table_name: str) -> str:
     """The checkpoint key holding a hash-table vocabulary's keys (``[K]`` int64)."""
@@ -92,7 +94,7 @@ def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Calla
     if comm.rank() != 0:
         logger.info("export: rank %d leaves the SavedModel to rank 0", comm.rank())
         return None
-    with heartbeat.phase("export"):  # however long it takes, no stall (collective.stall)
+    with heartbeat.phase("export"):  # however long it takes, no stall (collective.runtime.stall)
         return _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra, as_text,
                                   clear_devices, strip_default_attrs)
 

@@ -52,11 +52,3 @@ def shared_embedding_dense_tensor(self, inputs, weight_collections=None, trainab
             return original(self, inputs, weight_collections=weight_collections, trainable=trainable)
     finally:
         collection[:] = saved
-
-
-patches.register(fc_v1, "_internal_input_layer", internal_input_layer,
-                 "input_layer: sharded lookups of all columns in one grouped exchange")
-patches.register(dense_features.DenseFeatures, "call", dense_features_call,
-                 "the same for Keras DenseFeatures (v1 and v2)")
-patches.register(fc_v1._SharedEmbeddingColumn, "_get_dense_tensor_internal",  # pylint: disable=protected-access
-                 shared_embedding_dense_tensor, "v1 shared columns accept their sharded table")

@@ -1,7 +1,7 @@
 """SIGTERM as a preemption notice: the workers finish their step, save a checkpoint together, and exit.
 
 A preemptible VM or a cluster scheduler sends SIGTERM and, some seconds
-later, SIGKILL. Training under :class:`collective.session.CheckpointSaverHook`
+later, SIGKILL. Training under :class:`collective.integration.session.CheckpointSaverHook`
 (``MonitoredTrainingSession`` with a ``checkpoint_dir``, ``strategy.estimator``)
 turns the signal into a request: after the step in flight, the workers agree
 (the hook's per-step allreduce, so a signal seen by one worker stops all),
@@ -26,7 +26,7 @@ import logging
 import signal
 import threading
 
-logger = logging.getLogger("collective.preemption")
+logger = logging.getLogger("collective.runtime.preemption")
 
 EXIT_CODE = 128 + signal.SIGTERM
 _requested = threading.Event()

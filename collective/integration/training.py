@@ -213,28 +213,12 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     return apply(average_gradients(grads_and_vars), *args, **kwargs)
 
 
-def _averaging(owner, attribute: str, averager: Callable) -> Callable:
+def averaging_method(owner, attribute: str, averager: Callable) -> Callable:
+    """A replacement of ``owner.attribute`` (an optimizer method) that calls ``averager(self, original, ...)``."""
+
     @functools.wraps(getattr(owner, attribute))
     def method(self, *args, **kwargs):
         original = patches.original(owner, attribute).__get__(self)  # pylint: disable=unnecessary-dunder-call
         return averager(self, original, *args, **kwargs)
 
     return method
-
-
-patches.register(variable_v1, "default_variable_creator", broadcasting_creator_v1,
-                 "dense variables start as rank 0's values")
-patches.register(variables, "default_variable_creator_v2", broadcasting_creator_v2, "the same for tf.Variable")
-patches.register(optimizer_lib.Optimizer, "compute_gradients",
-                 _averaging(optimizer_lib.Optimizer, "compute_gradients", averaged_compute),
-                 "gradients averaged over workers as Horovod's DistributedOptimizer does; slots of sharded "
-                 "tables tagged as they are made")
-patches.register(optimizer_lib.Optimizer, "apply_gradients",
-                 _averaging(optimizer_lib.Optimizer, "apply_gradients", averaged_apply),
-                 "gradients not averaged yet (tf.gradients, GradientTape) averaged once")
-for _keras_class in keras_optimizers:
-    patches.register(_keras_class, "apply_gradients", _averaging(_keras_class, "apply_gradients", averaged_apply),
-                     "Keras optimizers: gradients not averaged yet averaged once; slots of sharded tables tagged")
-for _keras_class, _method in keras_compute_gradients:
-    patches.register(_keras_class, _method, _averaging(_keras_class, _method, averaged_compute),
-                     "Keras optimizers' compute_gradients (and so minimize) averaged over workers")

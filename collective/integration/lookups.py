@@ -100,14 +100,3 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
                                   tf.boolean_mask(ids.indices[:, 0], keep), weights, combiner or "mean", rows)
         combined = coalescing.defer(request) if coalescing.can_defer() else sharded.run([request])[0]
         return tf.reshape(combined, tf.concat([shape[:-1], [info.dim]], axis=0))
-
-
-patches.register(embedding_ops, "embedding_lookup", embedding_lookup,
-                 "lookups on sharded tables go through the exchange")
-patches.register(tf.compat.v1.nn, "embedding_lookup", embedding_lookup, "the same, under its public v1 name")
-patches.register(embedding_ops, "safe_embedding_lookup_sparse", safe_embedding_lookup_sparse,
-                 "on hash-table vocabularies empty rows give zeros without inserting a filler key 0")
-patches.register(tf.compat.v1.nn, "safe_embedding_lookup_sparse", safe_embedding_lookup_sparse,
-                 "the same, under its public v1 name")
-patches.register(embedding_ops, "embedding_lookup_sparse_impl", embedding_lookup_sparse_impl,
-                 "combined lookups (embedding_lookup_sparse, the safe_ variant, feature columns) likewise")

@@ -1,0 +1,117 @@
+"""A sharded table as one logical table: the rows a worker holds, gathered; the rows it owns, assigned.
+
+Both persistence stacks stand on it: :class:`collective.checkpoint.Saver`
+(:mod:`.layout`, :mod:`.hash_tables`) and SOK's dumps and Keras checkpoints
+(:mod:`collective.sok`), which add only their file formats and names. A
+table is its values variable; each optimizer slot shaped like it has the
+same rows. A table with a hash-table vocabulary (``ShardInfo.hash_index``)
+holds keys at the local rows its index gives them.
+
+- :func:`held_rows` / :func:`held_values`: the keys this worker holds and their rows;
+- :func:`gather_on_rank0`: the whole logical table, keys ascending, on worker 0 (a collective);
+- :func:`keep_owned`: of restored keys and rows, those this worker owns under its world size;
+- :func:`assign_owned`: writes owned rows into the shards (a hash table's index is refilled);
+- :func:`insert_rows`: inserts keys into a hash index and writes their rows;
+- :func:`assign_slot_rows`: a hash table's slot: rows at the index's rows of the keys, the rest reset.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from collective import comm
+from collective.embedding.layout import ShardLayout
+from collective.embedding.table import ShardInfo
+
+
+def held_rows(info: ShardInfo) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
+    """The logical keys this worker holds and, for a hash table, their local rows (None: local row ``i`` in order)."""
+    if info.hash_index is None:
+        return info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64)), None
+    return info.hash_index.entries()
+
+
+def held_values(table: tf.Variable, rows: Optional[tf.Tensor]) -> tf.Tensor:
+    """The rows of ``table`` (the values variable or a slot) that :func:`held_rows` gave, in its order."""
+    return tf.convert_to_tensor(table) if rows is None else tf.gather(table, rows)
+
+
+def gather_on_rank0(info: ShardInfo, tables: Sequence[tf.Variable]) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    """``(keys, [rows of each of tables])`` of the whole logical table on worker 0, keys ascending.
+
+    ``tables`` share ``info``'s rows (the values variable, its slots). The
+    other workers get no rows. A collective: every worker calls it, for the
+    same tables in the same order.
+    """
+    keys, rows = held_rows(info)
+    keys = _to_rank0(keys)
+    order = tf.argsort(keys)
+    return tf.gather(keys, order), [tf.gather(_to_rank0(held_values(t, rows)), order) for t in tables]
+
+
+def _to_rank0(tensor: tf.Tensor) -> tf.Tensor:
+    """Every worker's rows of ``tensor``, concatenated in rank order, on worker 0 (one alltoall)."""
+    n = comm.world_size()
+    if n == 1:
+        return tensor
+    count = tf.shape(tensor)[:1]
+    return comm.alltoall(tensor, tf.concat([count, tf.zeros([n - 1], tf.int32)], axis=0))[0]
+
+
+def keep_owned(layout: ShardLayout, keys: tf.Tensor,
+               values: Sequence[tf.Tensor]) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    """The ``keys`` (and their rows of each of ``values``) that ``layout``'s worker owns."""
+    mine = layout.owns(keys)
+    return tf.boolean_mask(keys, mine), [tf.boolean_mask(v, mine) for v in values]
+
+
+def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor,
+                 values: Sequence[tf.Tensor]) -> tf.Operation:
+    """Writes this worker's ``keys`` (which it owns) with one ``[keys, dim]`` tensor of ``values`` per table.
+
+    ``tables`` is the values variable (and its slots). A table without a hash
+    table writes those rows and keeps the others; a hash table's index is
+    emptied and then holds exactly ``keys``. Eagerly it has run on return.
+    """
+    keys = tf.reshape(keys, [-1])
+    values = [tf.reshape(v, [-1, info.dim]) for v in values]
+    index = info.hash_index
+    if index is None:
+        local = info.layout.local_row(keys)
+        return tf.group(*[t.scatter_update(tf.IndexedSlices(v, local)) for t, v in zip(tables, values)])
+    if tf.executing_eagerly():
+        index.clear()
+        return insert_rows(index, list(tables), keys, values)
+    with tf.control_dependencies([index.clear()]):
+        return insert_rows(index, list(tables), keys, values)
+
+
+def insert_rows(index, variables: Sequence[tf.Variable], keys: tf.Tensor, values: Sequence[tf.Tensor]) -> tf.Operation:
+    """Inserts ``keys`` (owned by this worker) into ``index`` and writes their rows of each of ``variables``.
+
+    ``values`` holds one ``[keys, dim]`` tensor per variable. The index orders
+    inserts built in one graph after each other; a restore must not wait for
+    a training lookup's insert (it would need the model's inputs), so this one
+    is built outside that chain.
+    """
+    last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access
+    rows = index.find_or_insert(keys)
+    index._last_insert = last_insert  # pylint: disable=protected-access
+    return tf.group(*[v.scatter_update(tf.IndexedSlices(vals, rows)) for v, vals in zip(variables, values)])
+
+
+def assign_slot_rows(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tensor, initial: tf.Tensor,
+                     after: Optional[tf.Operation] = None) -> tf.Operation:
+    """Sets every row of ``slot`` to ``initial``, then ``values`` at the rows ``index`` holds ``keys`` at.
+
+    ``after``: the op that refilled the index (a graph's restore of the table);
+    keys the index does not hold are skipped.
+    """
+    with tf.control_dependencies([after] if after is not None else []):
+        rows = index.find(keys)
+        held = rows >= 0
+        reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), tf.shape(slot)), read_value=False)
+    with tf.control_dependencies([reset] if reset is not None else []):
+        return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))

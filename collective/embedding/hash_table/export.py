@@ -1,0 +1,85 @@
+"""The export form of a hash-table vocabulary: a ``tf.lookup`` key -> row table and a ``[rows, dim]`` variable.
+
+An exported SavedModel serves it with TensorFlow ops only, without this
+package or Horovod; keys it does not hold read a zero vector, as
+inference lookups do in training.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from collective.embedding import modes
+from collective.embedding.hash_table import local_variables
+from collective.embedding.table import ShardInfo
+
+
+class ExportedTable:
+    """The plain form of a hash table in an export graph: key -> row ``tf.lookup`` table + ``[rows, dim]`` values.
+
+    Keys the lookup table does not hold read a zero vector (row ``rows`` of
+    :meth:`padded`). It is the ``hash_index`` of the export variable's
+    one-worker ``ShardInfo``, so the exchange (and, inside ``scope()``,
+    ``tf.nn.embedding_lookup``) serve the export variable through
+    :meth:`owned_vectors` with TensorFlow ops only.
+    """
+
+    def __init__(self, name: str, values: Optional[tf.Variable], index, rows: int):
+        self.name, self.values, self.index, self.rows = name, values, index, rows
+        self.capacity = rows
+
+    def owned_vectors(self, values: tf.Variable, keys: tf.Tensor, training: Optional[bool] = None) -> tf.Tensor:
+        """:meth:`HashTable.owned_vectors` of the export form: never inserts."""
+        del values, training
+        return self.lookup(tf.reshape(keys, [-1]))
+
+    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """Row of each key in :meth:`padded` (the zero row for keys not held)."""
+        found = self.index.lookup(tf.cast(keys, tf.int64))
+        return tf.where(found >= 0, found, tf.fill(tf.shape(found), tf.constant(self.rows, tf.int64)))
+
+    def padded(self) -> tf.Tensor:
+        """The values with one zero row appended."""
+        return tf.concat([self.values, tf.zeros([1, self.values.shape[1]], self.values.dtype)], axis=0)
+
+    def lookup(self, keys: tf.Tensor) -> tf.Tensor:
+        """Vectors of ``keys`` (any shape), zeros for keys not held."""
+        return tf.gather(self.padded(), self.rows_of(keys))
+
+
+def exported(var) -> Optional[ExportedTable]:
+    """The :class:`ExportedTable` of an export-mode hash-table variable, else None."""
+    return getattr(var, "_collective_exported_hash_table", None)
+
+
+def export_index(name: str, full_name: str) -> tf.lookup.experimental.MutableHashTable:
+    """The key -> row lookup table of table ``full_name``, registered in ``modes.EXPORT_HASH_INDEXES`` once."""
+    for registered, index in tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES):
+        if registered == full_name:
+            return index
+    # At the root name scope, so that the op name equals the table's name: a TF1 SavedModel refers to
+    # a MutableHashTable's saveable by the unscoped name and fails to load otherwise.
+    with tf.compat.v1.get_default_graph().name_scope(None):
+        index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
+                                                        name=f"{local_variables.op_name(full_name)}_hash_index")
+    tf.compat.v1.add_to_collection(modes.EXPORT_HASH_INDEXES, (full_name, index))
+    return index
+
+
+def export_variable(name: str, dim: int, dtype=tf.float32) -> tf.Variable:
+    """The export form of hash table ``name``: a ``[rows, dim]`` variable named as the table.
+
+    ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`).
+    """
+    table_name = local_variables.full_name(name)
+    rows = modes.export_rows(table_name)
+    values = local_variables.plain_variable(name, [rows, int(dim)], tf.as_dtype(dtype),
+                                            tf.compat.v1.zeros_initializer(), [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+    table = ExportedTable(table_name, values, export_index(name, table_name), rows)
+    values._collective_exported_hash_table = table  # pylint: disable=protected-access
+    # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.
+    values._collective_shard = ShardInfo(  # pylint: disable=protected-access
+        name=values.op.name, vocab=rows, dim=int(dim), rank=0, world_size=1, hash_index=table)
+    return values

@@ -1,0 +1,118 @@
+"""Creating a hash-table vocabulary: this worker's values variable, tagged as a table, and its index.
+
+The values variable ``[capacity_per_worker, dim]`` is the local shard, tagged
+with a :class:`~collective.embedding.table.ShardInfo` whose ``hash_index``
+is this worker's :class:`~collective.embedding.hash_table.index.HashTable`.
+It is trained like any sharded table (gradients arrive as ``IndexedSlices``;
+optimizer slots are sharded the same way).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import tensorflow as tf
+
+from collective import comm
+from collective.embedding import modes
+from collective.embedding.hash_table.export import export_variable
+from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
+from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
+from collective.embedding.table import ShardInfo, shard_of, tag
+from collective.embedding.tables import creating_shard
+
+HASH_TABLES_COLLECTION = "collective_hash_tables"
+"""Graph collection of every :class:`HashTable` built in the graph."""
+
+
+def table_of(var) -> Optional[HashTable]:
+    """The :class:`HashTable` behind a hash-table values variable (or one of its slots), else None."""
+    info = shard_of(var)
+    return info.hash_index if info is not None else None
+
+
+def _find_existing(name: str) -> Optional[HashTable]:
+    for table in tf.compat.v1.get_collection(HASH_TABLES_COLLECTION):
+        if table.name == name:
+            return table
+    return None
+
+
+def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer=None,
+                            dtype=tf.float32, key_dtype=tf.int64, trainable: bool = True,
+                            load_factor: float = DEFAULT_LOAD_FACTOR,
+                            collections: Optional[Iterable[str]] = None) -> tf.Variable:
+    """A sharded embedding table with a hash-table vocabulary: keys of any int64 value.
+
+    Inside ``CollectiveStrategy.scope()``, ``tf.nn.embedding_lookup`` and
+    ``tf.nn.embedding_lookup_sparse`` on the returned variable exchange keys
+    with their owners (``floormod(key, N)``), which map them to rows, adding
+    unseen keys in training (see :func:`~collective.embedding.hash_table.inference`).
+
+    Args:
+      name: variable name, in the current variable scope (reused when it exists).
+      dim: embedding dimension.
+      capacity_per_worker: most keys one worker holds (SOK's
+        ``max_vocabulary_size_per_gpu``); a batch that would exceed it fails
+        with an error naming the table.
+      initializer: a new key's first vector (see :mod:`collective.embedding.key_init`
+        for the supported initialisers; default uniform in [-0.05, 0.05] as SOK).
+      dtype: dtype of the values.
+      key_dtype: ``tf.int64`` or ``tf.int32`` (keys are looked up as int64 either way).
+      trainable: whether optimizers train it.
+      load_factor: fraction of the index's probe slots that may be filled.
+      collections: collections of the values variable (default global variables).
+
+    Returns:
+      The values variable ``[capacity_per_worker, dim]``, tagged as a shard
+      whose ``ShardInfo.hash_index`` is this worker's :class:`HashTable`. In
+      export mode (``collective.embedding.modes.exporting``) a plain ``[rows, dim]``
+      variable with a ``tf.lookup`` key -> row table instead (see
+      :func:`~collective.embedding.hash_table.exported`).
+    """
+    if tf.as_dtype(key_dtype) not in (tf.int64, tf.int32):
+        raise TypeError(f"hash table '{name}': key_dtype must be tf.int64 or tf.int32, got {key_dtype!r}; "
+                        "hash string keys to int64 first (collective.hash_embedding_column does)")
+    if int(capacity_per_worker) < 1:
+        raise ValueError(f"hash table '{name}': capacity_per_worker must be >= 1, got {capacity_per_worker!r}")
+    if modes.is_exporting():
+        return export_variable(name, dim, dtype)
+    if tf.executing_eagerly():
+        return _eager_hash_embedding_variable(name, dim, capacity_per_worker, initializer, dtype, trainable,
+                                              load_factor)
+    table_name = full_name(name)
+    existing = _find_existing(table_name)
+    if existing is not None:
+        return existing.values
+    rank, world_size = comm.rank(), comm.world_size()
+    collections = list(collections or [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+    info = ShardInfo(name=table_name, vocab=int(capacity_per_worker) * world_size, dim=int(dim), rank=rank,
+                     world_size=world_size)
+    with creating_shard(info):
+        values = plain_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
+                                tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
+        table = HashTable(values.op.name, dim, capacity_per_worker, initializer, dtype, load_factor,
+                          index_scope=name + "/hash_index")
+    table.values = values
+    tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
+    return tag(values, ShardInfo(name=values.op.name, vocab=info.vocab, dim=info.dim, rank=rank,
+                                 world_size=world_size, hash_index=table))
+
+
+def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer, dtype,
+                                   trainable: bool, load_factor: float) -> tf.Variable:
+    """:func:`hash_embedding_variable` in eager code: plain ``tf.Variable`` objects, no graph collections.
+
+    The caller tracks them (a Keras layer adds the values as a trainable
+    weight and ``table_of(values).variables`` as non-trainable ones), so
+    ``tf.train.Checkpoint`` and ``model.save_weights`` keep this worker's table.
+    """
+    values = eager_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
+                            tf.compat.v1.zeros_initializer(), trainable=trainable)
+    table_name = values.name.split(":")[0]
+    table = HashTable(table_name, dim, capacity_per_worker, initializer, dtype, load_factor,
+                      index_scope=name + "/hash_index")
+    table.values = values
+    world_size = comm.world_size()
+    return tag(values, ShardInfo(name=table_name, vocab=int(capacity_per_worker) * world_size, dim=int(dim),
+                                 rank=comm.rank(), world_size=world_size, hash_index=table))

@@ -1,0 +1,1 @@
+"""The launcher side: where workers start and stop (launcher, devices, heartbeat and stall, preemption, logs)."""
