@@ -12,14 +12,15 @@ process's.
 Every lookup made in ``CollectiveStrategy.scope()`` records itself
 (:func:`record`). ``compute_gradients`` then attaches to each sparse
 gradient it returns the squared norm one process's gradient of that variable
-would have (:func:`attach`), a tensor computed only if something asks for
-it, and :func:`global_norm` (installed as ``tf.linalg.global_norm``, which
+would have (:func:`attach`), built into the graph only when a norm first asks
+for it (a program that never clips pays nothing), and :func:`global_norm` (installed as ``tf.linalg.global_norm``, which
 ``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
 gradient (a regularizer made it dense) counts all workers' rows.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Dict, List, NamedTuple, Optional
@@ -46,7 +47,7 @@ class _Lookup(NamedTuple):
 
 
 _lookups: "weakref.WeakKeyDictionary[tf.Graph, List[_Lookup]]" = weakref.WeakKeyDictionary()
-_attached: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, tf.Tensor]]" = weakref.WeakKeyDictionary()
+_attached: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, object]]" = weakref.WeakKeyDictionary()
 
 
 def record(table, output: tf.Tensor, segments: Optional[tf.Tensor] = None, weights: Optional[tf.Tensor] = None,
@@ -88,10 +89,14 @@ def attach(loss, pairs) -> None:
         if isinstance(grad, tf.IndexedSlices):
             lookups = [lk for lk in recorded if lk.table is var]
             if lookups:
-                attached[grad.values.ref()] = _sparse_square_norm(loss, var, lookups, n)
+                attached[grad.values.ref()] = functools.partial(_sparse_square_norm, loss, var, lookups, n)
         elif info is not None and not info.replicated and n > 1:
-            attached[tf.convert_to_tensor(grad).ref()] = comm.allreduce(
-                tf.reduce_sum(tf.square(tf.cast(grad, tf.float32))), "sum")
+            dense = tf.convert_to_tensor(grad)
+            attached[dense.ref()] = functools.partial(_allreduced_square_norm, dense)
+
+
+def _allreduced_square_norm(dense: tf.Tensor) -> tf.Tensor:
+    return comm.allreduce(tf.reduce_sum(tf.square(tf.cast(dense, tf.float32))), "sum")
 
 
 def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
@@ -156,6 +161,9 @@ def _square_norm(t) -> tf.Tensor:
     values = tf.convert_to_tensor(values)
     attached = _attached.get(values.graph, {}) if hasattr(values, "graph") else {}
     if values.ref() in attached:
+        if callable(attached[values.ref()]):  # built the first time a norm asks, so unused norms cost nothing
+            with values.graph.as_default():
+                attached[values.ref()] = attached[values.ref()]()
         return attached[values.ref()]
     return tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
 
