@@ -8,8 +8,18 @@ from typing import Any, Dict, List
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 BACKENDS = ("hb", "sok", "replicated")
-BASELINES = ("estimator", "tf_mts", "hvd_dp")
-SINGLE_PROCESS = ("estimator", "tf_mts")  # one TensorFlow process: N = 1 only
+# As shipped, then tuned: ``*_tuned`` turn Grappler's arithmetic optimizer off (its
+# SimplifyEmbeddingLookupStage reads whole tables every step), ``hvd_dp_dense`` also allreduces the tables'
+# gradients dense (``sparse_as_dense=True``); ``ceiling`` is the model without lookups (constant vectors),
+# one process at N = 1 and Horovod data parallelism of the dense layers beyond.
+AS_SHIPPED = ("estimator", "tf_mts", "hvd_dp")
+TUNED = ("estimator_tuned", "tf_mts_tuned", "hvd_dp_tuned", "hvd_dp_dense")
+CEILING = "ceiling"
+BASELINES = AS_SHIPPED + TUNED + (CEILING,)
+SINGLE_PROCESS = ("estimator", "estimator_tuned", "tf_mts", "tf_mts_tuned")  # one TensorFlow process: N = 1 only
+DATA_PARALLEL = ("hvd_dp", "hvd_dp_tuned", "hvd_dp_dense")  # Horovod data parallelism, tables replicated
+# Models whose tables are plain TensorFlow variables in every mode: the exchanges' byte model does not apply.
+TABLES_OUTSIDE_SCOPE = frozenset({"dlrm_outside_scope"})
 
 DEFAULTS: Dict[str, Any] = {
     "description": "",
@@ -123,7 +133,7 @@ def matrix(config: Dict[str, Any]) -> List[Dict[str, Any]]:
             "seed", "train_batches")
     for model in config["models"]:
         modes = modes_of(config, model)
-        order = [m for m in BASELINES + BACKENDS if m in modes]
+        order = [m for m in BASELINES + BACKENDS if m in modes]  # baselines first
         for batch in config["global_batch"]:
             common = {"model": model, "global_batch": batch, **{k: config[k] for k in keys}}
             for n in worker_counts(config):

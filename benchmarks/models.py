@@ -16,6 +16,9 @@ Tables are built through ``params['api']``: ``feature_columns`` (default:
   :mod:`modelzoo.deepfm`) in evaluation mode for the loss and
   probabilities, with the MLP sizes of the configuration; the harness adds
   the optimizer, so every mode trains them the same way.
+- ``dlrm_outside_scope``: DLRM whose tables the program keeps outside
+  ``embedding_scope()``: plain TensorFlow tables in every mode, under
+  ``scope()`` replicated on every worker and averaged like dense variables.
 - ``embedding``: the embedding-only step. The 26 tables' vectors and the 13
   dense features feed one linear layer: almost all parameters and all the
   traffic are in the tables.
@@ -79,7 +82,17 @@ def _zoo(module: str) -> Builder:
     return build
 
 
+def _outside_scope(builder: Builder) -> Builder:
+    def build(features, labels, params, sharded):
+        del sharded
+        return builder(features, labels, params, False)
+
+    build.__doc__ = f"{builder.__doc__} Tables outside embedding_scope() in every mode."
+    return build
+
+
 MODELS: Dict[str, Builder] = {"dlrm": _zoo("modelzoo.dlrm.model"), "deepfm": _zoo("modelzoo.deepfm.model"),
+                              "dlrm_outside_scope": _outside_scope(_zoo("modelzoo.dlrm.model")),
                               "embedding": embedding_only}
 
 

@@ -263,7 +263,7 @@ def model_tables(model: str, vocabs: Sequence[int], dim: int):
     count = len(vocabs)
     if model == "deepfm":  # first-order weights (width 1) and the shared embeddings, two input_layer calls
         return list(range(count)) * 2, list(vocabs) * 2, [1] * count + [dim] * count, [0] * count + [1] * count
-    if model in ("embedding", "dlrm"):
+    if model in ("embedding", "dlrm", "dlrm_outside_scope"):
         return list(range(count)), list(vocabs), [dim] * count, [0] * count
     raise ValueError(f"the projection does not know the tables of model {model!r}")
 

@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from benchmarks.config import TABLES_OUTSIDE_SCOPE
 from benchmarks.id_model import PowerLaw, expected_owned, expected_unique
 from benchmarks.projection import (BACKENDS, FABRICS, WORKER_COUNTS, TableTraffic, head_param_bytes,
                                    lower_bound_bytes, model_tables, projected_seconds, traffic_bytes)
@@ -143,7 +144,8 @@ def calibration_rows(records: Iterable[Mapping[str, Any]], exponent: float = DEF
     rows = []
     for record in records:
         backend = MODE_BACKENDS.get(record.get("mode"))
-        if record.get("status") != "ok" or backend is None or record.get("workers", 1) < 2:
+        if record.get("status") != "ok" or backend is None or record.get("workers", 1) < 2 \
+                or record.get("model") in TABLES_OUTSIDE_SCOPE:
             continue
         spec, n = record["spec"], record["workers"]
         b = int(record.get("worker_batch", record.get("batch_size")))

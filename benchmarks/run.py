@@ -78,7 +78,7 @@ def worker_steps(data_dir: str, n: int, b: int, steps: int) -> List[Dict[int, Di
 
 
 # The projection's name of each mode whose exchange it models.
-_PROJECTED = {"hb": "hb", "sok": "sok", "hvd_dp": "hvd_replicated"}
+_PROJECTED = {"hb": "hb", "sok": "sok", "hvd_dp": "hvd_replicated", "hvd_dp_tuned": "hvd_replicated"}
 
 
 def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]) -> Tuple[Optional[float], float]:
@@ -86,7 +86,7 @@ def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]
     workers read in the timed steps. The projection is None where it has no model of the mode (the
     single-process baselines, ``replicated``)."""
     n, b = spec["workers"], int(spec["global_batch"]) // spec["workers"]
-    backend = _PROJECTED.get(spec["mode"])
+    backend = None if spec["model"] in configs.TABLES_OUTSIDE_SCOPE else _PROJECTED.get(spec["mode"])
     if n == 1:
         return (0.0 if backend else None), 0.0
     from datasets import schema  # pylint: disable=import-outside-toplevel
@@ -144,10 +144,13 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], data_dir: str, 
         "dense_param_bytes": ranks[0]["dense_param_bytes"],
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
         "embedding_bytes": [r["embedding_bytes"] for r in ranks],
+        # ops per step that read a whole table, per worker, in the graphs TensorFlow ran (after Grappler)
+        "whole_table_reads": [r.get("whole_table_reads") for r in ranks],
         # the training loss over the last repeat's steps, averaged over workers (each on its own rows)
         "loss": float(np.mean([np.mean(r["losses"][-last:]) for r in ranks])),
         "wall_s": wall_s,
         "status": "ok",
+        **({"trace": [r["trace"] for r in ranks]} if "trace" in ranks[0] else {}),
     }
 
 

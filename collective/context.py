@@ -188,9 +188,25 @@ def get() -> Context:
 
 
 def session_config(base=None):
-    """``base`` (a ``tf.compat.v1.ConfigProto``, copied) pinned to this worker's GPU: see
-    :func:`collective.runtime.devices.session_config`. Every session collective makes uses it."""
-    return devices.session_config(base, get().placement)
+    """``base`` (a ``tf.compat.v1.ConfigProto``, copied) pinned to this worker's GPU (see
+    :func:`collective.runtime.devices.session_config`), with :func:`rows_not_tables`. Every session
+    collective makes uses it."""
+    return rows_not_tables(devices.session_config(base, get().placement))
+
+
+def rows_not_tables(config):
+    """``config`` (changed in place and returned) with Grappler's arithmetic optimizer off, unless it sets it.
+
+    Its ``SimplifyEmbeddingLookupStage`` rewrites TensorFlow's sparse lookup of a plain table (unique ids,
+    gather, ``SparseSegmentSum``) into a read of the whole table, which the optimizer's update then copies:
+    every step costs the table's size (docs/benchmarks.md). Grappler cannot turn that stage off alone.
+    """
+    from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=import-outside-toplevel
+
+    options = config.graph_options.rewrite_options
+    if options.arithmetic_optimization == rewriter_config_pb2.RewriterConfig.DEFAULT:
+        options.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
+    return config
 
 
 def reset() -> None:

@@ -19,7 +19,9 @@ from collective import CollectiveStrategy
 from collective.embedding.lookup import lookup_sparse_group
 from modelzoo.spec import FeatureSpec
 
-EMBEDDING_APIS = ("variables", "feature_columns")
+import numpy as np
+
+EMBEDDING_APIS = ("variables", "feature_columns", "constant")
 
 
 def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: int, scope: str, seed: int,
@@ -36,10 +38,15 @@ def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: i
     ``api="feature_columns"`` builds the same tables the way a stock TensorFlow model does:
     ``embedding_column(categorical_column_with_identity(...), combiner="sum")`` through
     ``input_layer`` (coalesced into one exchange when sharded). The benchmarks' Estimator baseline uses it.
+
+    ``api="constant"`` makes no tables: every feature's vector is a fixed one (the same for every id), so
+    the model is the one it would be without lookups. The benchmarks time it as the embedding-free ceiling.
     """
     if api not in EMBEDDING_APIS:
         raise ValueError(f"embedding api {api!r} is not one of {', '.join(EMBEDDING_APIS)}")
     names = list(names) if names is not None else [n for n, _ in spec.categorical]
+    if api == "constant":
+        return _constant_embeddings(features, names, dim, seed, stddev)
     sharding = CollectiveStrategy().embedding_scope() if sharded else contextlib.nullcontext()
     if api == "feature_columns":
         return _column_embeddings(features, spec, dim, scope, seed, names, stddev, sharding)
@@ -70,6 +77,14 @@ def _column_embeddings(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim
     parts = tf.split(flat, len(columns), axis=1)
     by_feature = {k: parts[at] for at, k in enumerate(order)}
     return tf.stack([by_feature[k] for k in range(len(columns))], axis=1)
+
+
+def _constant_embeddings(features: Mapping[str, tf.Tensor], names: Sequence[str], dim: int, seed: int,
+                         stddev: Optional[float]) -> tf.Tensor:
+    """:func:`embedding_layer` without tables: ``[batch, len(names), dim]`` of one fixed vector per feature."""
+    vectors = np.random.default_rng(seed).normal(0.0, stddev or dim ** -0.5, (1, len(names), dim))
+    batch = tf.shape(features[names[0]])[0]
+    return tf.broadcast_to(tf.constant(vectors, tf.float32), tf.stack([batch, len(names), dim]))
 
 
 def _one_id_per_row(ids: tf.Tensor) -> tf.SparseTensor:

@@ -16,7 +16,7 @@ from datasets.synthetic import cardinalities, zipf_ranks
 from datasets.synthetic.generate import rank_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ("estimator", "tf_mts", "hvd_dp", "replicated", "hb", "sok")
+MODES = configs.BASELINES + configs.BACKENDS
 # The end-to-end tests share one harness run (3 launches, 1-3 workers): about two minutes on an idle
 # 2-core machine, much longer on a loaded one, so they get more than the default 600 s.
 END_TO_END_TIMEOUT = pytest.mark.timeout(1800)
@@ -120,12 +120,16 @@ def test_config_errors_name_the_file(tmp_path):
 def test_quick_config_runs_the_headline_and_its_baselines():
     quick = configs.load("quick")
     runs = configs.matrix(quick)
+    headline = {("hb", 1), ("hb", 2), ("sok", 2), ("ceiling", 1), ("ceiling", 2)}
+    as_shipped_and_tuned = {("estimator", 1), ("estimator_tuned", 1), ("tf_mts", 1), ("tf_mts_tuned", 1),
+                            ("hvd_dp", 2), ("hvd_dp_tuned", 2)}
     for model in ("dlrm", "deepfm"):
-        assert {(r["mode"], r["workers"]) for r in runs if r["model"] == model} >= {
-            ("estimator", 1), ("tf_mts", 1), ("hvd_dp", 2), ("hb", 1), ("hb", 2), ("sok", 2)}
+        assert {(r["mode"], r["workers"]) for r in runs if r["model"] == model} >= headline | as_shipped_and_tuned
     assert all(r["global_batch"] == 4096 for r in runs)
-    full = configs.load("full")
-    assert full["scale"] == 1.0 and ("hb", 2) in {(r["mode"], r["workers"]) for r in configs.matrix(full)}
+    for name in ("full", "full_zoo", "full_mlperf"):
+        full = configs.load(name)
+        runs = {(r["mode"], r["workers"]) for r in configs.matrix(full)}
+        assert full["scale"] == 1.0 and runs >= headline | {("tf_mts_tuned", 1), ("hvd_dp_tuned", 2)}, name
 
 
 # ---------------------------------------------------------------- report errors
@@ -188,11 +192,33 @@ def test_every_mode_trains_the_same_model(tiny_run):
     out, _ = tiny_run
     losses = {}
     for r in report.load_records(str(out)):
-        losses.setdefault(r["model"], {})[(r["mode"], r["workers"])] = r["loss"]
-    assert len(losses["dlrm"]) == 6
+        # the ceiling is the model without tables; DLRM with its tables outside embedding_scope() is DLRM
+        model = "dlrm" if r["model"] == "dlrm_outside_scope" else r["model"]
+        model = f"{model} ceiling" if r["mode"] == "ceiling" else model
+        losses.setdefault(model, {})[(r["model"], r["mode"], r["workers"])] = r["loss"]
+    assert len(losses["dlrm"]) == 14 and len(losses["dlrm ceiling"]) == 2
+    assert losses["dlrm ceiling"][("dlrm", "ceiling", 1)] != pytest.approx(losses["dlrm"][("dlrm", "hb", 1)])
     for model, by_run in losses.items():
         values = np.array(list(by_run.values()))
         assert np.all(np.isfinite(values)) and values.max() - values.min() < 2e-3 * values.mean(), (model, by_run)
+
+
+@END_TO_END_TIMEOUT
+def test_tuned_baselines_and_collective_read_no_whole_table(tiny_run):
+    """In the graphs TensorFlow runs for a step (after Grappler), the baselines as shipped read whole tables
+    (its SimplifyEmbeddingLookupStage); the tuned ones, the ceiling and every collective mode, tables outside
+    embedding_scope() included, read none, on 1, 2 and 3 workers."""
+    out, _ = tiny_run
+    seen = set()
+    for r in report.load_records(str(out)):
+        reads = r["whole_table_reads"]
+        assert len(reads) == r["workers"] and all(isinstance(c, int) for c in reads), r["run_id"]
+        if r["mode"] in configs.AS_SHIPPED:
+            assert min(reads) > 0, r["run_id"]
+        else:
+            assert max(reads) == 0, (r["run_id"], reads)
+            seen.add((r["model"], r["workers"]))
+    assert {("dlrm_outside_scope", n) for n in (1, 2, 3)} | {("dlrm", 1), ("dlrm", 2), ("embedding", 3)} <= seen
 
 
 @END_TO_END_TIMEOUT
@@ -200,13 +226,13 @@ def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
     out, _ = tiny_run
     checked = 0
     for r in report.load_records(str(out)):
-        if r["mode"] in ("estimator", "tf_mts", "replicated"):
+        if r["projected_bytes_per_step"] is None or r["workers"] == 1:
             continue
         assert r["projected_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
         if r["mode"] == "hb" and r["workers"] > 1:  # every tiny table is sharded: hb moves the lower bound
             assert r["lower_bound_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
         checked += 1
-    assert checked == 8  # dlrm: hvd_dp, hb, sok on 2; embedding: hvd_dp on 2, hb and sok on 2 and 3
+    assert checked == 9  # dlrm: hvd_dp, hvd_dp_tuned, hb, sok on 2; embedding: hvd_dp on 2, hb and sok on 2 and 3
 
 
 @END_TO_END_TIMEOUT
@@ -216,9 +242,10 @@ def test_report_headlines_the_baselines_with_targets_and_plots(tiny_run):
     assert text.index("## Headline") < text.index("### Targets") < text.index("## Machine")
     for mode in MODES:
         assert f"| {mode} |" in text
-    for figure in ("hb@1 / stock Estimator", "hb@2 / Horovod DP@2", "sok@2 / Horovod DP@2",
-                   "hb@2 bytes/sample / dedup lower bound"):
-        assert f"| dlrm | 96 | {figure} |" in text
+    for figure in ("hb@1 / best baseline@1 (", "hb@1 / embedding-free ceiling@1 |", "hb@2 / best Horovod DP@2 (",
+                   "sok@2 / best Horovod DP@2 (", "hb@2 bytes/sample / dedup lower bound |"):
+        assert f"| dlrm | 96 | {figure}" in text
+    assert report.WHY_AS_SHIPPED in text and "| / best baseline@N |" in text
     for section in ("Bytes on the wire", "Memory per worker", "Training loss", "Communication at real table sizes",
                     "The embedding-only step"):
         assert section in text

@@ -50,3 +50,37 @@ def test_unknown_embedding_api_is_refused():
 
     with pytest.raises(ValueError, match="embedding api 'keras'"):
         embedding_layer({}, criteo_spec([2] * 26), 4, "e", 0, api="keras")
+
+
+def test_constant_api_is_the_model_without_tables():
+    """``embedding_api="constant"`` (the benchmarks' embedding-free ceiling) builds DLRM's dense layers only, and
+    its loss is the loss of DLRM whose every table row holds the feature's constant vector."""
+    from modelzoo.features import _constant_embeddings  # pylint: disable=import-outside-toplevel
+
+    schema = datasets.schema
+    rng = np.random.default_rng(1)
+    spec = criteo_spec(datasets.synthetic.cardinalities(0.001))
+    feats = {n: rng.normal(size=32).astype(np.float32) for n in schema.DENSE}
+    feats.update({n: rng.integers(0, v, 32) for n, v in spec.categorical})
+    labels = rng.integers(0, 2, 32).astype(np.float32)
+    params = {"spec": spec, "embedding_dim": 4, "task": "binary", "target": "label", "optimizer": "adagrad",
+              "learning_rate": 0.1, "seed": 5, "plain": True, "bottom_mlp": [8, 4], "top_mlp": [8, 1]}
+    losses, names = {}, {}
+    for api in ("constant", "variables"):
+        with tf.Graph().as_default():
+            est = dlrm_fn({k: tf.constant(v) for k, v in feats.items()}, {"label": tf.constant(labels)},
+                          tf.estimator.ModeKeys.TRAIN, dict(params, embedding_api=api))
+            names[api] = {v.op.name for v in tf.compat.v1.trainable_variables()}
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                if api == "variables":
+                    vectors = sess.run(_constant_embeddings(feats, [n for n, _ in spec.categorical], 4, 5, None))
+                    tables = [v for v in tf.compat.v1.trainable_variables() if v.op.name.startswith("embedding/")]
+                    assert len(tables) == len(spec.categorical)
+                    for i, (name, vocab) in enumerate(spec.categorical):
+                        table = next(t for t in tables if t.op.name == f"embedding/{name}")
+                        table.load(np.tile(vectors[0, i], (vocab, 1)), sess)
+                losses[api] = sess.run(est.loss)
+    assert names["constant"] and not any(n.startswith("embedding/") for n in names["constant"])
+    assert names["constant"] == {n for n in names["variables"] if not n.startswith("embedding/")}
+    np.testing.assert_allclose(losses["constant"], losses["variables"], rtol=1e-5)

@@ -66,6 +66,17 @@ def combine(vectors: tf.Tensor, weights: Optional[tf.Tensor], segments: tf.Tenso
     return normalise(summed, normaliser(weights, segments, num_segments, combiner, vectors.dtype))
 
 
+_SORTED_REDUCTIONS = {"sum": tf.sparse.segment_sum, "mean": tf.sparse.segment_mean,
+                      "sqrtn": tf.sparse.segment_sqrt_n}
+
+
+def combine_sorted(distinct_vectors: tf.Tensor, index: tf.Tensor, segments: tf.Tensor, num_segments,
+                   combiner: str) -> tf.Tensor:
+    """:func:`combine` of unweighted ids whose ``segments`` ascend, from one vector per distinct id
+    (``index``: each id's position among them), as ``tf.nn.embedding_lookup_sparse`` combines them."""
+    return _SORTED_REDUCTIONS[combiner](distinct_vectors, index, segments, num_segments=num_segments)
+
+
 def pad_rows(vectors: tf.Tensor, rows) -> tf.Tensor:
     """``vectors`` with zero rows appended up to ``rows`` (unchanged when ``rows`` is None)."""
     if rows is None:

@@ -19,7 +19,7 @@ import tensorflow as tf
 from collective import context
 from collective.embedding import exchanges, gradient_norms
 from collective.embedding.combiners import pad_rows
-from collective.embedding.exchanges.base import Exchange, Prepared, Request, finish, owned_rows, prepare
+from collective.embedding.exchanges.base import Exchange, Prepared, Request, prepare, serve_locally
 from collective.embedding.table import ShardInfo, shard_of
 
 # Hash-table vocabularies and SOK's layers are always sharded by key; under the
@@ -64,7 +64,7 @@ def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.T
     groups: Dict[Tuple, List[int]] = {}
     for i, p in enumerate(prepared):
         if p.info.world_size == 1:
-            outputs[i] = finish(p, owned_rows(p, p.ids))
+            outputs[i] = serve_locally(p)
             continue
         exchange = exchange_for(p, backend)
         groups.setdefault((exchange.name, exchange.group_key(p)), []).append(i)
@@ -99,7 +99,8 @@ def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.
     Args:
       tables: one variable per lookup; sharded tables (made in
         ``embedding_scope()``) are coalesced, others use TensorFlow's lookup.
-      sp_ids_list: ``SparseTensor`` of ids per table (rows are samples).
+      sp_ids_list: ``SparseTensor`` of ids per table (rows are samples), in canonical (row-major) order as
+        ``tf.nn.embedding_lookup_sparse`` takes them (``tf.sparse.reorder`` puts one in order).
       sp_weights_list: optional ``SparseTensor`` of weights per table (or None entries).
       combiners: ``sum``, ``mean`` or ``sqrtn`` per table (default ``mean``).
       backend: a registered backend name (default: the strategy's).
@@ -130,7 +131,8 @@ def lookup_sparse_group(tables: Sequence[tf.Variable], sp_ids_list: Sequence[tf.
                 outputs[i] = pad_rows(combined, rows)
                 continue
             requests.append(Request(table, info, sp_ids.values, sp_ids.indices[:, 0],
-                                    None if sp_weights is None else sp_weights.values, combiner, rows))
+                                    None if sp_weights is None else sp_weights.values, combiner, rows,
+                                    sorted_segments=True))
             at.append(i)
         for i, out in zip(at, run(requests, backend)):
             outputs[i] = out

@@ -65,9 +65,9 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
         raise ValueError(f"max_norm is not supported for the sharded table '{info.name}'; clip the combined "
                          "vectors instead")
     weights = None if ignore_weights else sp_weights.values
-    if coalescing.can_defer():
-        return coalescing.defer(sharded.Request(table, info, ids, segment_ids, weights, combiner or "mean"))
-    return sharded.lookup_sparse(table, info, ids, segment_ids, weights, combiner or "mean")
+    # TensorFlow's lookup takes segment ids in ascending order (a SparseTensor in canonical order): so does this.
+    request = sharded.Request(table, info, ids, segment_ids, weights, combiner or "mean", sorted_segments=True)
+    return coalescing.defer(request) if coalescing.can_defer() else sharded.run([request])[0]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -97,6 +97,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
             keep = tf.logical_and(keep, sparse_weights.values > 0)
         weights = None if sparse_weights is None else tf.boolean_mask(sparse_weights.values, keep)
         request = sharded.Request(table, info, tf.boolean_mask(ids.values, keep),
-                                  tf.boolean_mask(ids.indices[:, 0], keep), weights, combiner or "mean", rows)
+                                  tf.boolean_mask(ids.indices[:, 0], keep), weights, combiner or "mean", rows,
+                                  sorted_segments=True)
         combined = coalescing.defer(request) if coalescing.can_defer() else sharded.run([request])[0]
         return tf.reshape(combined, tf.concat([shape[:-1], [info.dim]], axis=0))

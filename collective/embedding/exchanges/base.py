@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar, Hashable, List, Optional, Sequence
+from typing import ClassVar, Hashable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -50,6 +50,10 @@ class Request:
     weights: Optional[tf.Tensor] = None
     combiner: Optional[str] = None
     num_segments: Optional[tf.Tensor] = None
+    # Whether ``segments`` ascend, as TensorFlow's own lookups require of theirs (a SparseTensor in canonical
+    # order, a ragged tensor's rows): such unweighted lookups combine as TensorFlow does, with the sorted
+    # ``tf.sparse.segment_*`` over one vector per distinct id.
+    sorted_segments: bool = False
 
     @property
     def plain(self) -> bool:
@@ -74,6 +78,12 @@ class Prepared:
     @property
     def info(self) -> ShardInfo:
         return self.req.info
+
+    @property
+    def combines_distinct(self) -> bool:
+        """Whether the result is combined from one vector per distinct id, as TensorFlow's lookup combines it
+        (unweighted, segments ascending)."""
+        return not self.req.plain and not self.weighted and self.req.sorted_segments
 
     @property
     def dtype(self) -> tf.DType:
@@ -150,6 +160,17 @@ def scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
     return scaled(x)
 
 
+def distinct(ids: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """``(distinct ids in first-seen order, each id's int32 position among them)``.
+
+    ``UniqueWithCounts``, not ``Unique``: Grappler's ``SimplifyEmbeddingLookupStage`` rewrites ``Unique``
+    feeding a gather of a variable and a ``SparseSegmentSum`` into a read of the whole table every step
+    (docs/benchmarks.md); the op it does not know keeps the gather of the distinct rows.
+    """
+    found = tf.unique_with_counts(ids, out_idx=tf.int32)
+    return found.y, found.idx
+
+
 def finish(p: Prepared, vectors: tf.Tensor) -> tf.Tensor:
     """The request's result from one vector per id: combined per segment, or reshaped like its ids."""
     if not p.req.plain:
@@ -162,15 +183,38 @@ def finish(p: Prepared, vectors: tf.Tensor) -> tf.Tensor:
     return out
 
 
-def tagged_keys(group: Sequence[Prepared]) -> tf.Tensor:
-    """Every request's ids in one int64 vector as ``id * T + t`` (``t`` the request's index, ``T`` the count).
+def finish_distinct(p: Prepared, vectors: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """The request's result from one vector per distinct id (``index``: each id's position, :func:`distinct`).
+
+    Lookups that :attr:`Prepared.combines_distinct` combine the distinct vectors directly with the sorted
+    segment reduction, as ``tf.nn.embedding_lookup_sparse`` does; the rest expand them to one per id first.
+    """
+    if not p.combines_distinct:
+        return finish(p, tf.gather(vectors, index))
+    combined = combiners.combine_sorted(vectors, index, p.segments, p.num_segments, p.req.combiner)
+    combined.set_shape([None, p.info.dim])
+    return combined
+
+
+def serve_locally(p: Prepared) -> tf.Tensor:
+    """The request's result from this rank's table alone (world size 1), with TensorFlow's own op structure:
+    one gather per distinct id for lookups that combine them, one per id otherwise."""
+    if p.combines_distinct:
+        ids, index = distinct(p.ids)
+        return finish_distinct(p, owned_rows(p, ids), index)
+    return finish(p, owned_rows(p, p.ids))
+
+
+def tagged_keys(ids: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Every request's ids (one int64 vector per request of a group) in one vector as ``id * T + t``
+    (``t`` the request's index, ``T`` the count).
 
     Requests of hash-table vocabularies (any int64 key) travel in groups of one, where this is ``id``.
     """
-    count = len(group)
+    count = len(ids)
     if count == 1:
-        return group[0].ids
-    return tf.concat([p.ids * count + t for t, p in enumerate(group)], axis=0)
+        return ids[0]
+    return tf.concat([request_ids * count + t for t, request_ids in enumerate(ids)], axis=0)
 
 
 def rows_of_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
@@ -184,34 +228,29 @@ def rows_of_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
     return tf.dynamic_stitch(positions, [owned_rows(p, i) for p, i in zip(group, ids)])
 
 
-def split_by_request(vectors: tf.Tensor, group: Sequence[Prepared]) -> List[tf.Tensor]:
-    """``vectors`` (one per id of :func:`tagged_keys`) cut back into one tensor per request."""
-    if len(group) == 1:
+def split_by_request(vectors: tf.Tensor, ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    """``vectors`` (one per key of :func:`tagged_keys` of ``ids``) cut back into one tensor per request."""
+    if len(ids) == 1:
         return [vectors]
-    sizes = tf.stack([tf.size(p.ids) for p in group])
-    return tf.split(vectors, sizes, num=len(group))
+    sizes = tf.stack([tf.size(request_ids) for request_ids in ids])
+    return tf.split(vectors, sizes, num=len(ids))
 
 
-def fetch_from_owners(group: Sequence[Prepared], dedup: bool) -> List[tf.Tensor]:
-    """One vector per id of each request, fetched from the ranks that hold them.
+def fetch_from_owners(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    """One vector per id of ``ids`` (one int64 vector per request of ``group``), from the ranks that hold them.
 
-    Route: (deduplicated) ids bucketed by owner, one alltoall. Look up: each
-    owner gathers its rows. Return: one alltoall of vectors, back in order.
+    Route: ids bucketed by owner, one alltoall. Look up: each owner gathers its rows. Return: one alltoall
+    of vectors, back in order.
     """
     n = group[0].info.world_size
-    keys = tagged_keys(group)
-    if dedup:
-        keys, index = tf.unique(keys, out_idx=tf.int32)
+    keys = tagged_keys(ids)
     owner = group[0].info.layout.owner(keys // len(group) if len(group) > 1 else keys)
     # A stable sort by owner: the positions of each owner's keys, owners in rank order.
     order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), owner, n), axis=0)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
     received, received_splits = comm.alltoall(tf.gather(keys, order), splits)
     returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
-    back = tf.math.invert_permutation(order)
-    if dedup:
-        back = tf.gather(back, index)
-    return split_by_request(tf.gather(returned, back), group)
+    return split_by_request(tf.gather(returned, tf.math.invert_permutation(order)), ids)
 
 
 class Exchange(abc.ABC):

@@ -1,8 +1,11 @@
 """``hb``, after HybridBackend: deduplicate, one alltoall of ids, gather, one alltoall of vectors.
 
 All the group's lookups of tables with one width and dtype, plain and
-combined alike, share the two alltoalls; the ids are deduplicated over the
-whole group, and combiners run on the rank that asked.
+combined alike, share the two alltoalls. Each lookup's ids are
+deduplicated (tagged by lookup, so the group's keys are distinct), only the
+distinct rows cross the wire and are gathered, and combiners run on the
+rank that asked: over the distinct vectors with TensorFlow's sorted
+segment reduction where TensorFlow's lookup does so.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import List
 
 import tensorflow as tf
 
-from collective.embedding.exchanges.base import Exchange, Prepared, fetch_from_owners, finish
+from collective.embedding.exchanges.base import Exchange, Prepared, distinct, fetch_from_owners, finish_distinct
 
 
 class HbExchange(Exchange):
@@ -20,4 +23,6 @@ class HbExchange(Exchange):
     name = "hb"
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
-        return [finish(p, v) for p, v in zip(group, fetch_from_owners(group, dedup=True))]
+        found = [distinct(p.ids) for p in group]
+        vectors = fetch_from_owners(group, [ids for ids, _ in found])
+        return [finish_distinct(p, v, index) for p, v, (_, index) in zip(group, vectors, found)]

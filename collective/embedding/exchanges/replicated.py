@@ -24,7 +24,8 @@ class ReplicatedExchange(Exchange):
     name = "replicated"
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
-        keys = tagged_keys(group)
+        ids = [p.ids for p in group]
+        keys = tagged_keys(ids)
         count = tf.size(keys, out_type=tf.int64)
         start = tf.reduce_sum(comm.allgather(tf.reshape(count, [1]))[:comm.rank_tensor()])
         every_rank = rows_of_keys(group, comm.allgather(keys))
@@ -36,4 +37,4 @@ class ReplicatedExchange(Exchange):
 
             return tf.slice(rows, [start, 0], [count, -1]), grad
 
-        return [finish(p, v) for p, v in zip(group, split_by_request(own_rows(every_rank), group))]
+        return [finish(p, v) for p, v in zip(group, split_by_request(own_rows(every_rank), ids))]

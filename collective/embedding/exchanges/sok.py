@@ -38,7 +38,7 @@ class SokExchange(Exchange):
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
         if group[0].req.plain:
-            return [finish(p, v) for p, v in zip(group, fetch_from_owners(group, dedup=False))]
+            return [finish(p, v) for p, v in zip(group, fetch_from_owners(group, [p.ids for p in group]))]
         return _combine_where_held(group)
 
 
@@ -57,7 +57,7 @@ def _combine_where_held(group: List[Prepared]) -> List[tf.Tensor]:
     count, dtype = len(group), group[0].dtype
     weighted = any(p.weighted for p in group)
     samples = tf.reduce_max(tf.stack([p.num_segments for p in group]))
-    columns = [tagged_keys(group), tf.concat([p.segments for p in group], axis=0)]
+    columns = [tagged_keys([p.ids for p in group]), tf.concat([p.segments for p in group], axis=0)]
     end = [samples, tf.constant(_END, tf.int64)]
     if weighted:
         columns.append(_weight_bits(tf.concat([_weights_or_ones(p) for p in group], axis=0)))
