@@ -26,11 +26,9 @@ bench: setup
 	@$(PYTHON) -m benchmarks.report --dir reports/quick
 
 bench-full: setup
-	@for c in $(FULL_CONFIGS); do \
-	  $(PYTHON) -m benchmarks.run --config $$c --no_report && \
-	  $(PYTHON) -m benchmarks.profile --config $$c --runs dlrm:tf_mts_tuned@1,dlrm:ceiling@1,dlrm:hb@1,dlrm:hvd_dp_tuned@2,dlrm:hb@2 && \
-	  $(PYTHON) -m benchmarks.report --dir reports/$$c || exit 1; \
-	done
+	@for c in $(FULL_CONFIGS); do $(PYTHON) -m benchmarks.run --config $$c --no_report || exit 1; done
+	@$(PYTHON) -m benchmarks.profile --config full --runs dlrm:tf_mts_tuned@1,dlrm:ceiling@1,dlrm:hb@1
+	@for c in $(FULL_CONFIGS); do $(PYTHON) -m benchmarks.report --dir reports/$$c || exit 1; done
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

@@ -30,15 +30,19 @@ def _losses(model_fn, api: str, extra: dict, feats, labels):
     return np.array(losses)
 
 
+def _batch(rows: int, seed: int):
+    """(spec, features, labels): a random Criteo-shaped batch over the tiny synthetic tables."""
+    rng = np.random.default_rng(seed)
+    spec = criteo_spec(datasets.synthetic.cardinalities(0.001))
+    feats = {n: rng.normal(size=rows).astype(np.float32) for n in datasets.schema.DENSE}
+    feats.update({n: rng.integers(0, v, rows) for n, v in spec.categorical})
+    return spec, feats, rng.integers(0, 2, rows).astype(np.float32)
+
+
 @pytest.mark.parametrize("model_fn,extra", [(dlrm_fn, {"bottom_mlp": [16, 8], "top_mlp": [8, 1]}),
                                             (deepfm_fn, {"dnn": [8]})], ids=["dlrm", "deepfm"])
 def test_feature_columns_train_the_same_model_as_variables(model_fn, extra):
-    schema = datasets.schema
-    rng = np.random.default_rng(0)
-    spec = criteo_spec(datasets.synthetic.cardinalities(0.001))
-    feats = {n: rng.normal(size=64).astype(np.float32) for n in schema.DENSE}
-    feats.update({n: rng.integers(0, v, 64) for n, v in spec.categorical})
-    labels = rng.integers(0, 2, 64).astype(np.float32)
+    _, feats, labels = _batch(64, 0)
     variables = _losses(model_fn, "variables", extra, feats, labels)
     columns = _losses(model_fn, "feature_columns", extra, feats, labels)
     assert variables[1] < variables[0]  # it trained
@@ -57,12 +61,7 @@ def test_constant_api_is_the_model_without_tables():
     its loss is the loss of DLRM whose every table row holds the feature's constant vector."""
     from modelzoo.features import _constant_embeddings  # pylint: disable=import-outside-toplevel
 
-    schema = datasets.schema
-    rng = np.random.default_rng(1)
-    spec = criteo_spec(datasets.synthetic.cardinalities(0.001))
-    feats = {n: rng.normal(size=32).astype(np.float32) for n in schema.DENSE}
-    feats.update({n: rng.integers(0, v, 32) for n, v in spec.categorical})
-    labels = rng.integers(0, 2, 32).astype(np.float32)
+    spec, feats, labels = _batch(32, 1)
     params = {"spec": spec, "embedding_dim": 4, "task": "binary", "target": "label", "optimizer": "adagrad",
               "learning_rate": 0.1, "seed": 5, "plain": True, "bottom_mlp": [8, 4], "top_mlp": [8, 1]}
     losses, names = {}, {}
