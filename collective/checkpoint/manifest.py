@@ -74,6 +74,15 @@ def bundle_files(prefix: str) -> List[str]:
     return sorted(tf.io.gfile.glob(prefix + ".index") + tf.io.gfile.glob(glob.escape(prefix) + ".data-*"))
 
 
+def remove_delta(prefix: str) -> None:
+    """Removes delta ``prefix``: its manifest first (so no chain ends there any more), then its files."""
+    path = manifest_path(prefix)
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+    for f in bundle_files(prefix):
+        tf.io.gfile.remove(f)
+
+
 def file_entry(path: str) -> Dict:
     """``{name, bytes, sha256}`` of ``path`` (``name`` relative to its folder)."""
     digest = hashlib.sha256()
@@ -181,7 +190,7 @@ def verify_chain(prefix: str) -> Chain:
         if last is None:
             offer = f"No complete checkpoint is left in {folder}."
         else:
-            offer = (f"The last complete step is {_step_of(last)}: restore it with saver.restore(sess, {last!r}) "
+            offer = (f"The last complete step is {step_of(last)}: restore it with saver.restore(sess, {last!r}) "
                      f"(collective.checkpoint.latest_incremental_checkpoint({folder!r}) names the newest one).")
         raise ChainError(f"{broken.message}. {offer}") from None
 
@@ -199,6 +208,8 @@ def _verify_chain(prefix: str) -> Chain:
         links.append((current, manifest))
         previous = manifest.get("previous")
         current = os.path.normpath(os.path.join(os.path.dirname(current), previous)) if previous else None
+        if current is not None and any(os.path.normpath(link) == current for link, _ in links):
+            raise _Broken(f"incremental checkpoint {prefix}: its chain links back to {current} twice", None)
     links.reverse()  # base first
     first = links[0][1]
     base = os.path.normpath(os.path.join(os.path.dirname(links[0][0]), first["base"]["prefix"]))
@@ -215,7 +226,8 @@ def _verify_chain(prefix: str) -> Chain:
     return Chain(base, good, links[-1][1]["step"])
 
 
-def _step_of(prefix: str) -> Optional[int]:
+def step_of(prefix: str) -> Optional[int]:
+    """The global step in a checkpoint or delta prefix (``...-<step>`` or ``...-<step>.delta``), else None."""
     match = re.search(r"-(\d+)(?:\.delta)?$", prefix)
     return int(match.group(1)) if match else None
 
@@ -237,7 +249,7 @@ def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str]
     candidates = []
     for path in tf.io.gfile.glob(os.path.join(glob.escape(str(model_dir)), "*" + DELTA_SUFFIX + MANIFEST_SUFFIX)):
         prefix = path[:-len(MANIFEST_SUFFIX)]
-        step = _step_of(prefix)
+        step = step_of(prefix)
         if step is not None:
             candidates.append((step, prefix))
     for _, prefix in sorted(candidates, reverse=True):

@@ -86,6 +86,7 @@ class Saver(saver_lib.Saver):
         self._sharded_vars: List = []
         self._last_restore: Tuple[Optional[weakref.ref], Optional[str]] = (None, None)
         self._chain: Optional[manifest.Chain] = None  # what the next delta chains to
+        self._fingerprint: Optional[Tuple[str, dict]] = None
         # Set by IncrementalSaverHook: a restore of a model_dir's latest full checkpoint takes its newest chain.
         self.resume_chains = False
         super().__init__(var_list=var_list, max_to_keep=max_to_keep,
@@ -288,6 +289,9 @@ class Saver(saver_lib.Saver):
         if global_step is not None and not isinstance(global_step, compat.integral_types):
             global_step = training_util.global_step(sess, global_step)
         prefix = manifest.delta_prefix(self.checkpoint_file(save_path, global_step))
+        if self._chain.deltas and os.path.normpath(self._chain.deltas[-1]) == os.path.normpath(prefix):
+            raise CheckpointError(f"incremental checkpoint {prefix} is already the end of the chain (the global step "
+                                  "has not moved since it was saved); save a later step")
         parts_dir = prefix + "_temp"
         n, rank = comm.world_size(), comm.rank()
         part = os.path.join(parts_dir, f"part-{rank:05d}-of-{n:05d}")
@@ -319,21 +323,22 @@ class Saver(saver_lib.Saver):
         parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}")
                  for s in range(n) for t in range(len(self._delta_tables))]
         parts = [p for p in parts if tf.io.gfile.exists(p + ".index")] + [os.path.join(parts_dir, "replicated")]
+        manifest.remove_delta(prefix)  # an uncommitted bundle of a killed save, or this step's delta saved before
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: prefix})
         _remove_stale_parts(parts_dir)
         chain = self._chain
-        manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, _step_of(chain.base),
+        manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, manifest.step_of(chain.base),
                                 self._base_fingerprint(chain.base), chain.deltas[-1] if chain.deltas else None,
                                 {t.name: r for t, r in zip(self._delta_tables, rows)})
 
     def _base_fingerprint(self, base: str) -> dict:
-        cached = getattr(self, "_fingerprint", None)
-        if cached is None or cached[0] != base:
+        """The chain base's fingerprint, computed once per base (rank 0)."""
+        if self._fingerprint is None or self._fingerprint[0] != base:
             self._fingerprint = (base, manifest.base_fingerprint(base))
         return self._fingerprint[1]
 
     def _start_chain(self, sess, checkpoint_file: str) -> None:
-        """After a committed full save or a restore: later deltas chain to ``chain``; nothing is marked."""
+        """After a committed full save or a restore: later deltas chain to ``checkpoint_file``; nothing is marked."""
         sess.run(self._clear_touched)
         self._chain = manifest.Chain(checkpoint_file, [], None)
 
@@ -448,11 +453,6 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.restore(sess, family, prefix, self._restore_prefix,
                                 stored_row_splits(reader, shapes, family.name))
-
-
-def _step_of(prefix: str) -> Optional[int]:
-    tail = os.path.basename(prefix).rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
 
 
 def default_saver() -> saver_lib.Saver:

@@ -104,7 +104,7 @@ def train_mts(strategy, model_dir: str, last_step: int) -> int:
     """MonitoredTrainingSession with a delta every step and no full-save hook, to ``last_step``.
 
     The first delta due finds no full checkpoint and writes one; a rerun
-    resumes from the newest chain. Returns the step the session started at.
+    resumes from the newest chain. Prints and returns the step the session started at.
     """
     r, n = strategy.rank(), strategy.world_size()
     started = []
@@ -112,6 +112,7 @@ def train_mts(strategy, model_dir: str, last_step: int) -> int:
     class Start(tf.compat.v1.train.SessionRunHook):
         def after_create_session(self, session, coord):
             started.append(int(session.run(tf.compat.v1.train.get_global_step())))
+            print(f"rank {r} mts started at step {started[0]}", flush=True)
 
     with strategy.scope(), tf.Graph().as_default():
         train, _, feed = build(strategy)

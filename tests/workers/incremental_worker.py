@@ -7,10 +7,10 @@ argv: base_dir backend pid_dir action...
   under this world size and saves each as a full checkpoint into
   ``<base>/restored/to<N>/<name>/``;
 - ``mts:<name>:<last step>``: MonitoredTrainingSession with a delta every
-  step into ``<base>/<name>`` (run twice: the second resumes from the chain);
-- ``kill:<name>``: trains the schedule into ``<base>/<name>``, but rank 0
-  holds inside the save of the second delta, after the bundle is merged and
-  before its manifest is written, until the test kills it (SIGKILL).
+  step into ``<base>/<name>`` (a rerun resumes from the chain);
+- ``hold:<step>``: from now on rank 0 holds inside the save of the delta of
+  that step, after its files are merged and before its manifest is
+  written, until the test kills it (SIGKILL).
 """
 
 import os
@@ -26,12 +26,11 @@ base, backend, pid_dir, actions = sys.argv[1], sys.argv[2], sys.argv[3], sys.arg
 strategy = CollectiveStrategy(backend)
 r, n = strategy.rank(), strategy.world_size()
 rc.write_pid(pid_dir, r)
-HOLD_STEP = ic.DELTA_STEPS[1]
 
 
-def hold_before_manifest(write):
+def hold_before_manifest(write, hold_step: int):
     def holding(prefix, step, *args, **kwargs):
-        if step == HOLD_STEP:
+        if step == hold_step:
             print(f"rank {r} holding before the manifest of step {step}", flush=True)
             time.sleep(rc.HOLD_SECONDS)
         return write(prefix, step, *args, **kwargs)
@@ -49,11 +48,9 @@ for action in actions:
                           os.path.join(base, "restored", f"to{n}"))
     elif verb == "mts":
         name, last = arg.split(":")
-        print(f"rank {r} mts started at step {ic.train_mts(strategy, os.path.join(base, name), int(last))}",
-              flush=True)
-    elif verb == "kill":
-        manifest.write_manifest = hold_before_manifest(manifest.write_manifest)
-        ic.train_chain(strategy, os.path.join(base, arg))
+        ic.train_mts(strategy, os.path.join(base, name), int(last))
+    elif verb == "hold":
+        manifest.write_manifest = hold_before_manifest(manifest.write_manifest, int(arg))
     else:
         raise SystemExit(f"unknown action {action!r}")
     print(f"rank {r} done {action} in {time.monotonic() - began:.1f} s", flush=True)
