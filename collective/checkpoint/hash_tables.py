@@ -15,7 +15,7 @@ rows at the rows the index hands out.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -69,21 +69,61 @@ def families(sharded: List[tf.Variable]) -> List[HashFamily]:
 def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
     """Adds this worker's save of ``family`` (a no-op when it holds no key) and the row bounds."""
     keys, rows = logical.held_rows(shard_of(family.variables[0]))
+    family.save, family.row_splits = write_keyed(
+        part_prefix, family.name, [checkpoint_key(v) for v in family.variables], keys,
+        [logical.held_values(v, rows) for v in family.variables])
+
+
+def write_keyed(part_prefix: tf.Tensor, name: str, names: List[str], keys: tf.Tensor,
+                tensors: List[tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """This worker's rows of one keyed table (``<name>/keys`` and one ``[K, dim]`` tensor per ``names``).
+
+    Each worker writes its ``count`` rows as slices at the offset an
+    allgather of the counts gives (a collective), into its own part; no part
+    when it holds no row (a slice cannot be empty). Returns ``(whether this
+    worker wrote a part, the row bounds [workers + 1])``.
+    """
     count = tf.size(keys, out_type=tf.int64)
     counts = comm.allgather(tf.reshape(count, [1]))
-    family.row_splits = tf.concat([[0], tf.cumsum(counts)], axis=0)
-    offset = family.row_splits[comm.rank()]
-    total = family.row_splits[-1]
-    names = [keys_key(family.name)] + [checkpoint_key(v) for v in family.variables]
+    row_splits = tf.concat([[0], tf.cumsum(counts)], axis=0)
+    offset = row_splits[comm.rank()]
+    total = row_splits[-1]
     specs = [layout.slice_spec([total], offset, count)] + [
-        layout.slice_spec([total, int(v.shape[1])], offset, count) for v in family.variables]
-    tensors = [keys] + [logical.held_values(v, rows) for v in family.variables]
+        layout.slice_spec([total, int(t.shape[1])], offset, count) for t in tensors]
 
     def write():
-        with tf.control_dependencies([io_ops.save_v2(part_prefix, names, tf.stack(specs), tensors)]):
+        with tf.control_dependencies([io_ops.save_v2(part_prefix, [keys_key(name)] + list(names), tf.stack(specs),
+                                                     [keys] + list(tensors))]):
             return tf.constant(True)
 
-    family.save = tf.cond(count > 0, write, lambda: tf.constant(False))
+    return tf.cond(count > 0, write, lambda: tf.constant(False)), row_splits
+
+
+def read_keyed(prefix: tf.Tensor, name: str, variables: List[tf.Variable], owner: ShardLayout,
+               names: List[str]) -> Tuple[tf.Tensor, List[tf.Tensor], Dict[str, tf.Tensor]]:
+    """One stored block of a keyed table: the keys ``owner`` owns and their rows of each of ``variables``.
+
+    Returns ``(keys, [rows per variable], feed)``; ``feed`` holds the
+    placeholders ``lo``, ``hi`` (the block) and ``total`` (stored keys).
+    """
+    lo = tf.compat.v1.placeholder(tf.int64, [], name="block_start")
+    hi = tf.compat.v1.placeholder(tf.int64, [], name="block_end")
+    total = tf.compat.v1.placeholder(tf.int64, [], name="keys_total")
+    specs = [layout.slice_spec([total], lo, hi - lo)] + [
+        layout.slice_spec([total, int(v.shape[1])], lo, hi - lo) for v in variables]
+    stored = io_ops.restore_v2(prefix, [keys_key(name)] + list(names), tf.stack(specs),
+                               [tf.int64] + [v.dtype.base_dtype for v in variables])
+    keys, values = logical.keep_owned(owner, tf.reshape(stored[0], [-1]), [
+        tf.reshape(rows, [-1, int(v.shape[1])]) for v, rows in zip(variables, stored[1:])])
+    return keys, values, {"lo": lo, "hi": hi, "total": total}
+
+
+def run_blocks(sess, op: tf.Operation, feed: Dict[str, tf.Tensor], prefix_tensor: tf.Tensor, prefix: str,
+               splits: np.ndarray) -> None:
+    """Runs ``op`` (built on :func:`read_keyed`) once per stored block (``splits``: stored row bounds)."""
+    bounds = np.unique(np.asarray(splits, np.int64))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        sess.run(op, {prefix_tensor: prefix, feed["lo"]: lo, feed["hi"]: hi, feed["total"]: bounds[-1]})
 
 
 def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: int) -> None:
@@ -91,23 +131,12 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     index, variables = family.index, family.variables
     # Rows not restored keep their initial values: a key inserted later finds its slot rows as at the start.
     family.restore_init = tf.group(index.clear(), *[v.initializer for v in variables])
-    lo = tf.compat.v1.placeholder(tf.int64, [], name="block_start")
-    hi = tf.compat.v1.placeholder(tf.int64, [], name="block_end")
-    total = tf.compat.v1.placeholder(tf.int64, [], name="keys_total")
-    family.block_feed = {"lo": lo, "hi": hi, "total": total}
-    names = [keys_key(family.name)] + [checkpoint_key(v) for v in variables]
-    specs = [layout.slice_spec([total], lo, hi - lo)] + [
-        layout.slice_spec([total, int(v.shape[1])], lo, hi - lo) for v in variables]
-    stored = io_ops.restore_v2(prefix, names, tf.stack(specs), [tf.int64] + [v.dtype.base_dtype for v in variables])
-    keys, values = logical.keep_owned(ShardLayout(rank, world_size), tf.reshape(stored[0], [-1]), [
-        tf.reshape(rows, [-1, int(v.shape[1])]) for v, rows in zip(variables, stored[1:])])
+    keys, values, family.block_feed = read_keyed(prefix, family.name, variables, ShardLayout(rank, world_size),
+                                                 [checkpoint_key(v) for v in variables])
     family.restore_block = logical.insert_rows(index, variables, keys, values)
 
 
 def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:
     """Clears the index and inserts this worker's keys block by block (``splits``: stored row bounds)."""
     sess.run(family.restore_init)
-    bounds = np.unique(np.asarray(splits, np.int64))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        sess.run(family.restore_block, {prefix_tensor: prefix, family.block_feed["lo"]: lo,
-                                        family.block_feed["hi"]: hi, family.block_feed["total"]: bounds[-1]})
+    run_blocks(sess, family.restore_block, family.block_feed, prefix_tensor, prefix, splits)

@@ -42,7 +42,7 @@ from tensorflow.core.protobuf import saver_pb2
 
 from collective import comm
 from collective.runtime import heartbeat
-from collective.checkpoint import hash_tables, layout
+from collective.checkpoint import hash_tables, incremental, layout, manifest, touched
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of
 from collective.tf_internals import checkpoint_management, compat, io_ops, saver_lib, training_util
@@ -85,6 +85,10 @@ class Saver(saver_lib.Saver):
             raise ValueError("collective.checkpoint.Saver builds its own ops; it cannot be made from a saver_def")
         self._sharded_vars: List = []
         self._last_restore: Tuple[Optional[weakref.ref], Optional[str]] = (None, None)
+        self._chain: Optional[manifest.Chain] = None  # what the next delta chains to
+        self._fingerprint: Optional[Tuple[str, dict]] = None
+        # Set by IncrementalSaverHook: a restore of a model_dir's latest full checkpoint takes its newest chain.
+        self.resume_chains = False
         super().__init__(var_list=var_list, max_to_keep=max_to_keep,
                          keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours, name=name,
                          defer_build=defer_build, allow_empty=allow_empty, pad_step_number=pad_step_number,
@@ -112,9 +116,11 @@ class Saver(saver_lib.Saver):
         self._expected_shapes = model_shapes(sharded, saveables, self._names)
         for family in self._families:
             self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
+        self._delta_tables = incremental.group_tables(sharded, self._names)
         with tf.name_scope(self._name or "collective_save"), comm.uncounted():
             self._build_save_ops(self._sharded_vars, saveables)
             self._build_restore_ops(self._sharded_vars, saveables)
+            self._build_delta_ops(saveables)
         self.saver_def = saver_pb2.SaverDef(
             filename_tensor_name=self._restore_prefix.name, save_tensor_name=self._save_tensor.name,
             restore_op_name=self._restore_op.name, max_to_keep=self._max_to_keep, sharded=True,
@@ -182,6 +188,29 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.build_restore(family, self._restore_prefix, comm.rank(), comm.world_size())
 
+    def _build_delta_ops(self, saveables):
+        """The ops of incremental saves and of restoring a delta (:mod:`.incremental`)."""
+        self._delta_part = tf.compat.v1.placeholder(tf.string, [], name="delta_part_prefix")
+        self._delta_replicated = tf.compat.v1.placeholder(tf.string, [], name="delta_replicated_prefix")
+        self._delta_prefix = tf.compat.v1.placeholder_with_default("model.ckpt.delta", [], name="delta_prefix")
+        rep_names, rep_specs, rep_tensors = [], [], []
+        for saveable in saveables:
+            for spec in saveable.specs:
+                rep_names.append(spec.name)
+                rep_specs.append(spec.slice_spec)
+                rep_tensors.append(spec.tensor)
+        for t, table in enumerate(self._delta_tables):
+            incremental.build_save(table, tf.strings.join([self._delta_part, f"-delta{t}"]), self._names)
+            rep_names.append(row_splits_key(table.name))
+            rep_specs.append("")
+            rep_tensors.append(table.row_splits)
+            with tf.name_scope("restore_delta"):
+                incremental.build_restore(table, self._delta_prefix, comm.rank(), comm.world_size(), self._names)
+        self._delta_replicated_save = io_ops.save_v2(self._delta_replicated, rep_names, rep_specs, rep_tensors)
+        self._delta_dense_restore = (saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
+            self._delta_prefix, saveables, restore_sequentially=False, reshape=False) if saveables else tf.no_op())
+        self._clear_touched = touched.clear([table.variables[0] for table in self._delta_tables])
+
     # ------------------------------------------------------------------ save
 
     def save(self, sess, save_path, global_step=None, latest_filename=None, meta_graph_suffix="meta",
@@ -224,12 +253,94 @@ class Saver(saver_lib.Saver):
             self._RecordLastCheckpoint(checkpoint_file)
             self._checkpoints_to_be_deleted.clear()  # rank 0 deletes old checkpoints
         self._agree(sess, error, f"merging checkpoint {checkpoint_file}")
+        self._start_chain(sess, checkpoint_file)
         if rank == 0 and write_meta_graph:
             with sess.graph.as_default():
                 self.export_meta_graph(
                     checkpoint_management.meta_graph_filename(checkpoint_file, meta_graph_suffix=meta_graph_suffix),
                     strip_default_attrs=strip_default_attrs, save_debug_info=save_debug_info)
         return checkpoint_file
+
+    def save_incremental(self, sess, save_path, global_step=None) -> Optional[str]:
+        """Writes a delta: the table rows changed since the last save, and every replicated variable.
+
+        Every worker calls it at the same step. The delta chains to the last
+        checkpoint this saver wrote or restored in this process (a full one
+        from :meth:`save`, or a delta): that one must exist. Its prefix is
+        ``<save_path>-<step>.delta``; restore it with :meth:`restore` (base and
+        deltas in order, on any number of workers). Returns that prefix.
+
+        Raises:
+          CheckpointError: no full checkpoint to chain to yet, or a worker failed (the previous delta stays
+            the last complete one).
+        """
+        with heartbeat.phase("save"):
+            return self._save_delta(sess, save_path, global_step)
+
+    def _save_delta(self, sess, save_path, global_step) -> Optional[str]:
+        if not self._is_built:
+            raise RuntimeError("`build()` should be called before save_incremental if defer_build==True")
+        if self._is_empty:
+            return None
+        if self._chain is None:
+            raise CheckpointError(
+                "save_incremental needs a full checkpoint to chain to: call saver.save(...) (or restore one) first")
+        save_path = compat.as_str(save_path)
+        if global_step is not None and not isinstance(global_step, compat.integral_types):
+            global_step = training_util.global_step(sess, global_step)
+        prefix = manifest.delta_prefix(self.checkpoint_file(save_path, global_step))
+        if self._chain.deltas and os.path.normpath(self._chain.deltas[-1]) == os.path.normpath(prefix):
+            raise CheckpointError(f"incremental checkpoint {prefix} is already the end of the chain (the global step "
+                                  "has not moved since it was saved); save a later step")
+        parts_dir = prefix + "_temp"
+        n, rank = comm.world_size(), comm.rank()
+        part = os.path.join(parts_dir, f"part-{rank:05d}-of-{n:05d}")
+        replicated_part = os.path.join(parts_dir, "replicated")
+        rows: List[int] = []
+        error = _attempt(lambda: rows.extend(self._write_delta_parts(sess, parts_dir, part, replicated_part)))
+        self._agree(sess, error, f"writing its part of incremental checkpoint {prefix}")
+        if rank == 0:
+            error = _attempt(lambda: self._commit_delta(sess, prefix, parts_dir, n, global_step, rows))
+        self._agree(sess, error, f"committing incremental checkpoint {prefix}")
+        sess.run(self._clear_touched)
+        self._chain = manifest.Chain(self._chain.base, self._chain.deltas + [prefix], global_step)
+        logger.info("incremental checkpoint %s: %s rows", prefix,
+                    ", ".join(f"{t.name} {r}" for t, r in zip(self._delta_tables, rows)) or "no tables")
+        return prefix
+
+    def _write_delta_parts(self, sess, parts_dir: str, part: str, replicated_part: str) -> List[int]:
+        """Writes this worker's part of a delta (and on rank 0 the replicated variables); returns rows per table."""
+        tf.io.gfile.makedirs(parts_dir)
+        fetches = {"saves": [t.save for t in self._delta_tables], "splits": [t.row_splits for t in self._delta_tables]}
+        feed = {self._delta_part: part}
+        if comm.rank() == 0:
+            fetches["replicated"] = self._delta_replicated_save
+            feed[self._delta_replicated] = replicated_part
+        return [int(splits[-1]) for splits in sess.run(fetches, feed)["splits"]]
+
+    def _commit_delta(self, sess, prefix, parts_dir, n, step, rows) -> None:
+        """Rank 0: merges the delta's parts, then writes its manifest (the commit)."""
+        parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}")
+                 for s in range(n) for t in range(len(self._delta_tables))]
+        parts = [p for p in parts if tf.io.gfile.exists(p + ".index")] + [os.path.join(parts_dir, "replicated")]
+        manifest.remove_delta(prefix)  # an uncommitted bundle of a killed save, or this step's delta saved before
+        sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: prefix})
+        _remove_stale_parts(parts_dir)
+        chain = self._chain
+        manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, manifest.step_of(chain.base),
+                                self._base_fingerprint(chain.base), chain.deltas[-1] if chain.deltas else None,
+                                {t.name: r for t, r in zip(self._delta_tables, rows)})
+
+    def _base_fingerprint(self, base: str) -> dict:
+        """The chain base's fingerprint, computed once per base (rank 0)."""
+        if self._fingerprint is None or self._fingerprint[0] != base:
+            self._fingerprint = (base, manifest.base_fingerprint(base))
+        return self._fingerprint[1]
+
+    def _start_chain(self, sess, checkpoint_file: str) -> None:
+        """After a committed full save or a restore: later deltas chain to ``checkpoint_file``; nothing is marked."""
+        sess.run(self._clear_touched)
+        self._chain = manifest.Chain(checkpoint_file, [], None)
 
     def checkpoint_file(self, save_path: str, global_step: Optional[int] = None) -> str:
         """The prefix :meth:`save` writes for ``save_path`` at ``global_step``: ``<save_path>-<step>``."""
@@ -284,15 +395,52 @@ class Saver(saver_lib.Saver):
     def restore(self, sess, save_path):
         """Restores this worker's rows of every table and the replicated variables from ``save_path``.
 
+        ``save_path`` is a full checkpoint or a delta (``...-<step>.delta``):
+        a delta restores its chain, the base and then every delta in order,
+        after checking every file against the manifests.
+
         Raises:
           CheckpointMismatchError: the checkpoint holds other shapes (a
             different model) or lacks variables of this model.
+          ChainError: a delta of the chain is missing or torn (the message
+            names it and the last complete step).
         """
         if self._is_empty:
             return
         if save_path is None:
             raise ValueError("Can't load save_path when it is None.")
         prefix = compat.as_text(save_path)
+        if self.resume_chains and not manifest.is_delta(prefix):
+            prefix = self._newest_chain_on(prefix)
+        chain = manifest.verify_chain(prefix)
+        self._restore_full(sess, chain.base)
+        for delta in chain.deltas:
+            logger.info("Restoring incremental checkpoint %s", delta)
+            reader = tf.compat.v1.train.NewCheckpointReader(delta)
+            for table in self._delta_tables:
+                incremental.restore(sess, table, delta, self._delta_prefix,
+                                    stored_row_splits(reader, {}, table.name))
+        if chain.deltas:
+            sess.run(self._delta_dense_restore, {self._delta_prefix: chain.deltas[-1]})
+        self._start_chain(sess, chain.base)
+        self._chain = chain
+        self._last_restore = (weakref.ref(sess), prefix)
+
+    def last_chain(self) -> Optional[manifest.Chain]:
+        """The chain the next :meth:`save_incremental` extends (None before any save or restore)."""
+        return self._chain
+
+    @staticmethod
+    def _newest_chain_on(prefix: str) -> str:
+        """The newest complete delta chained to the full checkpoint ``prefix`` in its folder, else ``prefix``."""
+        latest = manifest.latest_incremental_checkpoint(os.path.dirname(prefix))
+        if latest and manifest.is_delta(latest) and os.path.basename(manifest.verify_chain(latest).base) == \
+                os.path.basename(prefix):
+            logger.info("Resuming from the incremental checkpoint chain %s -> %s", prefix, latest)
+            return latest
+        return prefix
+
+    def _restore_full(self, sess, prefix: str) -> None:
         if not checkpoint_management.checkpoint_exists_internal(prefix):
             raise ValueError(f"The passed save_path is not a valid checkpoint: {prefix}")
         logger.info("Restoring parameters from %s", prefix)
@@ -305,7 +453,19 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.restore(sess, family, prefix, self._restore_prefix,
                                 stored_row_splits(reader, shapes, family.name))
-        self._last_restore = (weakref.ref(sess), prefix)
+
+
+def default_saver() -> saver_lib.Saver:
+    """The graph's saver (collection ``SAVERS``), else a new :class:`Saver` added to it (``Scaffold``'s default)."""
+    savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+    if savers:
+        if len(savers) > 1:
+            raise RuntimeError("More than one item in collection SAVERS. Please indicate which one to use by "
+                               "passing it to the constructor.")
+        return savers[0]
+    saver = Saver(sharded=True, allow_empty=True)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+    return saver
 
 
 def _remove_stale_parts(parts_dir: str) -> None:

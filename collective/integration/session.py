@@ -22,25 +22,14 @@ import tensorflow as tf
 from collective import comm, context
 from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
+from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
+from collective.integration.incremental import IncrementalSaverHook
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
 logger = logging.getLogger("collective.integration.session")
 
 USE_DEFAULT = monitored_session.USE_DEFAULT
 _DEFAULT_CHECKPOINT_SECS = 600
-
-
-def default_saver():
-    """The graph's saver (collection ``SAVERS``), else a new :class:`collective.checkpoint.Saver` added to it."""
-    savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-    if savers:
-        if len(savers) > 1:
-            raise RuntimeError("More than one item in collection SAVERS. Please indicate which one to use by "
-                               "passing it to the constructor.")
-        return savers[0]
-    saver = Saver(sharded=True, allow_empty=True)
-    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
-    return saver
 
 
 class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
@@ -195,7 +184,8 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                              chief_only_hooks=None, save_checkpoint_secs=USE_DEFAULT,
                              save_summaries_steps=USE_DEFAULT, save_summaries_secs=USE_DEFAULT, config=None,
                              stop_grace_period_secs=120, log_step_count_steps=100, max_wait_secs=7200,
-                             save_checkpoint_steps=USE_DEFAULT, summary_dir=None, save_graph_def=True):
+                             save_checkpoint_steps=USE_DEFAULT, summary_dir=None, save_graph_def=True,
+                             save_incremental_checkpoint_secs=None, save_incremental_checkpoint_steps=None):
     """``tf.compat.v1.train.MonitoredTrainingSession`` for synchronous workers (same arguments).
 
     Every worker is a chief for session creation (``is_chief`` is ignored:
@@ -203,6 +193,10 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     to this worker's GPU (``config`` is copied, see :func:`collective.context.session_config`); rank 0 alone runs
     ``chief_only_hooks`` and writes summaries and step counts. Checkpoints
     are written by all workers together with :class:`CheckpointSaverHook`.
+    ``save_incremental_checkpoint_secs`` (DeepRec's argument) or
+    ``save_incremental_checkpoint_steps`` add deltas between them
+    (:class:`~collective.integration.incremental.IncrementalSaverHook`), and the
+    session then resumes from the newest complete chain.
     """
     del is_chief
     chief = comm.rank() == 0
@@ -219,6 +213,10 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
         all_hooks.append(CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs or None,
                                              save_steps=save_checkpoint_steps or None, scaffold=scaffold,
                                              save_graph_def=save_graph_def))
+    if checkpoint_dir and (save_incremental_checkpoint_secs or save_incremental_checkpoint_steps):
+        all_hooks.append(IncrementalSaverHook(checkpoint_dir, incremental_save_steps=save_incremental_checkpoint_steps,
+                                              incremental_save_secs=None if save_incremental_checkpoint_steps
+                                              else save_incremental_checkpoint_secs, scaffold=scaffold))
     all_hooks.extend(hooks or [])
     all_hooks.append(heartbeat.HeartbeatHook())
     original = patches.original(monitored_session, "MonitoredTrainingSession")

@@ -28,6 +28,9 @@ class LazyAdamOptimizer(tf.keras.optimizers.Adam):
     Dense gradients get ordinary Adam. ``amsgrad`` is not supported.
     """
 
+    # Incremental checkpoints (collective.checkpoint.touched): only the gradient's rows change.
+    collective_updates_only_gradient_rows = True
+
     def __init__(self, *args, amsgrad: bool = False, **kwargs):
         if amsgrad:
             raise ValueError("LazyAdamOptimizer does not support amsgrad=True; use sok.optimizers.Adam")

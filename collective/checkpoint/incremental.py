@@ -1,0 +1,120 @@
+"""The graph side of incremental checkpoints: a delta holds each table's changed rows as keys plus rows.
+
+A delta stores every sharded table the way a full checkpoint stores a
+hash table (:mod:`.hash_tables`): ``<table>/keys`` ``[K]`` int64 (logical row
+ids of a fixed table, keys of a hash table), ``<table>`` ``[K, dim]`` and each
+optimizer slot ``[K, dim]`` in the same order, and the stored row bounds
+under ``_collective/row_splits/<table>``. The rows are those
+:mod:`.touched` marked since the last committed save, read on the worker
+that owns them (each row has one owner, so each is written once; a table
+held whole on every worker writes, on each, the marked rows of its own
+contiguous block). Replicated variables (dense layers, ``global_step``,
+optimizer counters) are written whole by rank 0, as in a full checkpoint.
+
+Restoring a delta under any number of workers reads its blocks one at a
+time, keeps the keys this worker owns and writes them over the rows
+restored so far: a fixed table at their local rows, a hash table by
+insert-or-update (new keys get rows, known keys are overwritten).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from collective.checkpoint import hash_tables, layout, logical, touched
+from collective.checkpoint.model_dir import checkpoint_key
+from collective.embedding import tables as table_registry
+from collective.embedding.layout import ShardLayout
+from collective.embedding.table import ShardInfo, shard_of
+
+
+@dataclasses.dataclass
+class DeltaTable:
+    """One table with its slots: what a delta writes for it and the ops that read it back."""
+
+    name: str
+    variables: List[tf.Variable]  # values first, then slots
+    save: tf.Tensor = None
+    row_splits: tf.Tensor = None
+    rows: tf.Tensor = None
+    restore_block: tf.Operation = None
+    block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+
+    @property
+    def info(self) -> ShardInfo:
+        return shard_of(self.variables[0])
+
+
+def _table_of(var: tf.Variable) -> tf.Variable:
+    owner = table_registry.slot_owner(var)
+    return var if owner is None else owner
+
+
+def group_tables(sharded: List[tf.Variable], names: Optional[Mapping[int, str]] = None) -> List[DeltaTable]:
+    """The sharded variables grouped by table (values variable first, then its slots by name)."""
+    found: Dict[int, DeltaTable] = {}
+    order: List[int] = []
+    for var in sharded:
+        owner = _table_of(var)
+        if id(owner) not in found:
+            found[id(owner)] = DeltaTable(checkpoint_key(owner, names), [])
+            order.append(id(owner))
+        found[id(owner)].variables.append(var)
+    result = []
+    for key in order:
+        table = found[key]
+        values = [v for v in table.variables if table_registry.slot_owner(v) is None]
+        if not values:
+            raise ValueError(f"table {table.name}: the checkpoint's var_list holds its optimizer slots but not the "
+                             "table; save the table with its slots")
+        table.variables.sort(key=lambda v: (v is not values[0], checkpoint_key(v, names)))
+        result.append(table)
+    return result
+
+
+def _changed(table: DeltaTable):
+    """``(keys, local rows)`` of the rows of ``table`` this worker writes into a delta."""
+    values = table.variables[0]
+    info = table.info
+    if info.hash_index is not None:
+        keys, rows = info.hash_index.entries()
+        marked = tf.gather(touched.marked(values), rows)
+        return tf.boolean_mask(keys, marked), tf.boolean_mask(rows, marked)
+    local = touched.touched_rows(values)
+    keys = info.layout.global_row(local)
+    if info.world_size > 1 and not info.layout.sharded:  # whole on every worker: each writes its own block
+        bounds = layout.block_bounds(info.vocab, info.world_size)
+        mine = (keys >= bounds[info.rank]) & (keys < bounds[info.rank + 1])
+        return tf.boolean_mask(keys, mine), tf.boolean_mask(local, mine)
+    return keys, local
+
+
+def build_save(table: DeltaTable, part_prefix: tf.Tensor, names: Optional[Mapping[int, str]] = None) -> None:
+    """Adds this worker's write of ``table``'s changed rows (a collective: every worker builds and runs it)."""
+    keys, rows = _changed(table)
+    table.rows = tf.size(keys)
+    table.save, table.row_splits = hash_tables.write_keyed(
+        part_prefix, table.name, [checkpoint_key(v, names) for v in table.variables], keys,
+        [tf.gather(v, rows) for v in table.variables])
+
+
+def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: int,
+                  names: Optional[Mapping[int, str]] = None) -> None:
+    """Adds the op writing one stored block of ``table`` from a delta over this worker's rows."""
+    info = table.info
+    owner = info.layout if info.hash_index is None else ShardLayout(rank, world_size)
+    keys, values, table.block_feed = hash_tables.read_keyed(
+        prefix, table.name, table.variables, owner, [checkpoint_key(v, names) for v in table.variables])
+    if info.hash_index is None:
+        table.restore_block = logical.assign_owned(table.variables, info, keys, values)
+    else:
+        table.restore_block = logical.insert_rows(info.hash_index, table.variables, keys, values)
+
+
+def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:
+    """Writes ``table``'s rows stored in delta ``prefix`` over this worker's rows, block by block."""
+    hash_tables.run_blocks(sess, table.restore_block, table.block_feed, prefix_tensor, prefix, splits)

@@ -1,0 +1,232 @@
+"""Incremental checkpoints: deltas of the rows trained, chains restored on any worker count, torn deltas refused.
+
+Chains (a full save at step 2, deltas at steps 3, 5 and 6) are written on 1
+(this process), 2 (hb) and 3 (sok) workers; every chain end is restored on
+1, 2 and 3 workers and saved again as a full checkpoint, which must equal
+the uninterrupted run's full checkpoint of that step (this process, one
+worker, a full save every step): the table, the dense variables and their
+Adagrad slots, and the hash table key by key. The 2-worker launch ends in
+MonitoredTrainingSession, a delta every step, killed (SIGKILL) inside a
+delta save after the delta's files are merged and before its manifest is
+written; the 3-worker launch resumes it from its newest complete delta.
+"""
+
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective import CollectiveStrategy
+from collective.checkpoint import ChainError, CheckpointError, Saver, latest_incremental_checkpoint, touched
+
+from launcher import run_workers, start_workers
+from test_restart import START_TIMEOUT, Output, read_pid, still_running
+from workers import incremental_cases as ic
+
+pytestmark = pytest.mark.timeout(900)
+HOLD_STEP = 3  # the MTS job (a full save at step 1, a delta every step) dies inside the save of this delta
+WRITERS = {"c1": 1, "c2": 2, "c3": 3}
+# (source chain, restoring world size): every chain on every world size, N -> M and N -> N.
+RESTORES = [("c1", 2), ("c2", 2), ("c2", 3), ("c3", 3), ("c3", 1)]
+
+
+@pytest.fixture(scope="module")
+def restore_and_save():
+    """``restore_and_save(prefix, out_dir)``: restores a chain end in this process (one worker, one graph for every
+    test) and saves it as a full checkpoint; returns its prefix."""
+    strategy = CollectiveStrategy("hb")
+    graph = tf.Graph()
+    with strategy.scope(), graph.as_default():
+        _, step, _ = ic.build(strategy)
+        saver = Saver(max_to_keep=None)
+    sess = tf.compat.v1.Session(graph=graph)
+
+    def restore_and_save_(prefix: str, out_dir: pathlib.Path) -> str:
+        with strategy.scope(), graph.as_default():
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.restore(sess, prefix)
+            return saver.save(sess, str(out_dir / "model.ckpt"), global_step=step)
+
+    yield restore_and_save_
+    sess.close()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, restore_and_save):
+    """Writes the reference and the chains, restores them; kills a 2-worker MTS job inside a delta save and
+    resumes it on 3 workers."""
+    base = tmp_path_factory.mktemp("incremental")
+    one = CollectiveStrategy("hb")
+    ic.train_chain(one, str(base / "ref"), full_every_step=True)
+    ic.train_chain(one, str(base / "c1"))
+    proc = start_workers("incremental_worker.py", 2, [base, "hb", base / "pids2", "write:c2", "restore:c1,c2",
+                                                      f"hold:{HOLD_STEP}", "mts:m2:4"])
+    output = Output(proc.stdout)
+    try:
+        output.wait_for(f"[0] rank 0 holding before the manifest of step {HOLD_STEP}", START_TIMEOUT)
+        os.kill(read_pid(base / "pids2", 0), signal.SIGKILL)
+        killed_code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output.join()
+    killed = {"code": killed_code, "output": output.text(), "files": sorted(p.name for p in (base / "m2").iterdir()),
+              "left": still_running([read_pid(base / "pids2", r) for r in range(2)], "incremental_worker.py"),
+              "latest": latest_incremental_checkpoint(str(base / "m2"))}
+    killed["restored"] = restore_and_save(killed["latest"], base / "after_kill")
+    try:
+        restore_and_save(str(base / "m2" / f"model.ckpt-{HOLD_STEP}.delta"), base / "refused")
+    except ChainError as err:
+        killed["refused"] = str(err)
+    three = run_workers("incremental_worker.py", 3, [base, "sok", base / "pids3", "write:c3", "restore:c2,c3",
+                                                     "mts:m2:6"], timeout=400)
+    for step in ic.DELTA_STEPS:
+        restore_and_save(str(base / "c3" / f"model.ckpt-{step}.delta"), base / "restored" / "to1" / "c3")
+    logging.getLogger(__name__).info("workers' times:\n%s", "\n".join(
+        line for line in (output.text() + "\n" + three.stdout).splitlines() if " done " in line))
+    return {"base": base, "killed": killed, "resumed_output": three.stdout}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_each_delta_holds_only_the_rows_trained_since_the_save_before(run, name):
+    previous = ic.BASE_STEP
+    for step in ic.DELTA_STEPS:
+        manifest = json.loads((run["base"] / name / f"model.ckpt-{step}.delta.manifest.json").read_text())
+        ids, keys = ic.changed(range(previous, step))
+        assert manifest["rows"] == {"t": ids, "item": keys}, (name, step)
+        assert manifest["world_size"] == WRITERS[name] and manifest["step"] == step
+        assert manifest["previous"] == (f"model.ckpt-{previous}.delta" if previous != ic.BASE_STEP else None)
+        assert manifest["base"]["prefix"] == f"model.ckpt-{ic.BASE_STEP}"
+        previous = step
+    # The same rows are stored as keys + rows: plain TensorFlow reads a delta.
+    reader = tf.compat.v1.train.NewCheckpointReader(str(run["base"] / name / f"model.ckpt-{ic.DELTA_STEPS[1]}.delta"))
+    ids = reader.get_tensor("t/keys")
+    assert sorted(ids.tolist()) == sorted(np.unique(np.concatenate(
+        [ic.global_batch(s)[0].ravel() for s in range(ic.DELTA_STEPS[0], ic.DELTA_STEPS[1])])).tolist())
+    assert reader.get_tensor("t").shape == (len(ids), ic.DIM) == reader.get_tensor("t/Adagrad").shape
+
+
+@pytest.mark.parametrize("source, m", RESTORES)
+def test_chain_restored_on_m_workers_equals_the_uninterrupted_run(run, source, m):
+    for step in ic.DELTA_STEPS:
+        ic.assert_same_model(str(run["base"] / "restored" / f"to{m}" / source / f"model.ckpt-{step}"),
+                             str(run["base"] / "ref" / f"model.ckpt-{step}"),
+                             f"chain of {WRITERS[source]} workers to step {step}, restored on {m}")
+
+
+def test_kill_during_a_delta_save_leaves_the_previous_delta_restorable(run):
+    """MonitoredTrainingSession on 2 workers, a delta every step; rank 0 is killed between merge and manifest."""
+    killed = run["killed"]
+    assert killed["code"] == 137, killed["output"][-4000:]
+    assert killed["left"] == []
+    assert f"model.ckpt-{HOLD_STEP}.delta.index" in killed["files"]  # merged, never committed
+    assert f"model.ckpt-{HOLD_STEP}.delta.manifest.json" not in killed["files"]
+    previous = str(run["base"] / "m2" / f"model.ckpt-{HOLD_STEP - 1}.delta")
+    assert killed["latest"] == previous
+    ic.assert_same_model(killed["restored"], str(run["base"] / "ref" / f"model.ckpt-{HOLD_STEP - 1}"), "after the kill")
+    assert re.search(rf"model.ckpt-{HOLD_STEP}.delta has no manifest .*its save never completed. The last complete "
+                     rf"step is {HOLD_STEP - 1}: restore it with saver.restore\(sess, '{re.escape(previous)}'\)",
+                     killed.get("refused", "")), killed.get("refused")
+
+
+def test_a_torn_or_missing_delta_is_refused_with_its_name_and_the_last_complete_step(run, restore_and_save, tmp_path):
+    """Regression-style: truncated, corrupted and missing links of a chain are refused before anything is read."""
+    first, second, last = ic.DELTA_STEPS
+    # The largest data file of the second delta (the merge keeps one per part).
+    data = max((run["base"] / "c2").glob(f"model.ckpt-{second}.delta.data-*"), key=lambda p: p.stat().st_size).name
+    cases = {
+        "truncated": (data, lambda p: p.write_bytes(p.read_bytes()[:-8]),
+                      rf"model.ckpt-{second}.delta is torn: its file {data} has "
+                      rf"\d+ bytes, its manifest says \d+\. The last complete step is {first}"),
+        "corrupted": (data,
+                      lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 1]) + p.read_bytes()[1:]),
+                      rf"model.ckpt-{second}.delta is torn: its file .* does not match its manifest's SHA-256 "
+                      rf"checksum\. The last complete step is {first}"),
+        "missing": (f"model.ckpt-{first}.delta.manifest.json", lambda p: p.unlink(),
+                    rf"model.ckpt-{first}.delta has no manifest .* The last complete step is {ic.BASE_STEP}: "
+                    rf"restore it with saver.restore\(sess, '.*model.ckpt-{ic.BASE_STEP}'\)"),
+    }
+    for case, (name, damage, message) in cases.items():
+        model_dir = tmp_path / case
+        shutil.copytree(run["base"] / "c2", model_dir)
+        damage(model_dir / name)
+        with pytest.raises(ChainError, match=message):
+            restore_and_save(str(model_dir / f"model.ckpt-{last}.delta"), tmp_path / f"{case}_out")
+
+
+def test_monitored_training_session_resumes_from_the_chain_on_another_worker_count(run, restore_and_save, tmp_path):
+    """The killed 2-worker MTS job reruns on 3 workers from its newest complete delta, to step 6."""
+    for r in range(2):
+        assert f"[{r}] rank {r} mts started at step 0" in run["killed"]["output"]
+    for r in range(3):
+        assert f"[{r}] rank {r} mts started at step {HOLD_STEP - 1}" in run["resumed_output"], \
+            run["resumed_output"][-4000:]
+    model_dir = run["base"] / "m2"
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "model.ckpt-1")  # the hook's first save
+    for step in range(2, 7):
+        manifest = json.loads((model_dir / f"model.ckpt-{step}.delta.manifest.json").read_text())
+        assert manifest["previous"] == (f"model.ckpt-{step - 1}.delta" if step > 2 else None)
+        assert manifest["world_size"] == (2 if step < HOLD_STEP else 3)
+        assert manifest["rows"] == dict(zip(("t", "item"), ic.changed([step - 1])))
+    # The rerun rewrote the killed, uncommitted delta: no file of the killed save is left over.
+    assert sorted(p.name for p in model_dir.glob(f"model.ckpt-{HOLD_STEP}.delta*")) == sorted(
+        [f"model.ckpt-{HOLD_STEP}.delta.index", f"model.ckpt-{HOLD_STEP}.delta.manifest.json"] + [
+            entry["name"] for entry in json.loads((model_dir / f"model.ckpt-{HOLD_STEP}.delta.manifest.json")
+                                                  .read_text())["files"] if ".data-" in entry["name"]])
+    latest = latest_incremental_checkpoint(str(model_dir))
+    assert latest == str(model_dir / "model.ckpt-6.delta")
+    ic.assert_same_model(restore_and_save(latest, tmp_path), str(run["base"] / "ref" / "model.ckpt-6"), "MTS")
+
+
+def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every_row(tmp_path):
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        train, step, feed = ic.build(strategy)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(CheckpointError, match="needs a full checkpoint to chain to"):
+                Saver().save_incremental(sess, str(tmp_path / "model.ckpt"), global_step=step)
+    v1, keras = tf.compat.v1.train, tf.keras.optimizers
+    assert touched.updates_only_gradient_rows(v1.AdagradOptimizer(0.1))
+    assert touched.updates_only_gradient_rows(keras.SGD(0.1)) and not touched.updates_only_gradient_rows(
+        keras.SGD(0.1, momentum=0.9))
+    assert not touched.updates_only_gradient_rows(v1.AdamOptimizer(0.1))
+    assert not touched.updates_only_gradient_rows(keras.Adam(0.1))
+    from collective import hb, sok  # pylint: disable=import-outside-toplevel
+
+    assert touched.updates_only_gradient_rows(hb.train.AdagradOptimizer(0.1))
+    assert touched.updates_only_gradient_rows(sok.LazyAdamOptimizer(0.1))
+    # Adam moves every row at every step: its deltas hold every row, and the chain is still exact.
+    with strategy.scope(), tf.Graph().as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("adam_t", [7, 2], initializer=tf.compat.v1.ones_initializer())
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train = v1.AdamOptimizer(0.1).minimize(tf.reduce_sum(tf.nn.embedding_lookup(table, ids)),
+                                               global_step=global_step)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [1, 2]})
+            saver.save(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
+            sess.run(train, {ids: [3]})
+            delta = saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
+            with pytest.raises(CheckpointError, match=r"model.ckpt-2.delta is already the end of the chain"):
+                saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
+            want = sess.run([table, *[v for v in tf.compat.v1.global_variables() if "Adam" in v.op.name]])
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.restore(sess, delta)
+            got = sess.run([table, *[v for v in tf.compat.v1.global_variables() if "Adam" in v.op.name]])
+    assert tf.compat.v1.train.NewCheckpointReader(delta).get_tensor("adam_t/keys").tolist() == list(range(7))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
