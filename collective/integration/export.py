@@ -8,7 +8,9 @@ The model is built once more in a fresh graph inside
 enters the graph. The variables are restored from the checkpoint with a plain
 ``Saver`` (the checkpoint holds whole tables under their own names),
 hash-table vocabularies get their key -> row lookup tables filled from the
-checkpoint's keys, and rank 0 writes the SavedModel. It loads with
+checkpoint's keys, and rank 0 writes the SavedModel, with a record of the
+checkpoint it holds in ``assets.extra`` (:mod:`.serving_versions`), from
+which :mod:`.serving_update` writes later versions from deltas. It loads with
 ``tf.compat.v1.saved_model.load`` / ``saved_model_cli`` in a process where
 neither this package nor Horovod can be imported.
 
@@ -28,6 +30,7 @@ import tensorflow as tf
 from collective import comm
 from collective.runtime import heartbeat
 from collective.embedding import modes
+from collective.integration import serving_versions
 from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
 from collective.tf_internals import compat, export_lib, export_utils, function_utils, patches
 
@@ -73,6 +76,16 @@ def _restore_for_export(sess: tf.compat.v1.Session, checkpoint_path: str) -> Non
         sess.run(lookup.insert(tf.constant(keys, lookup.key_dtype), tf.constant(rows)))
 
 
+def _saved_names(lookup) -> Dict[str, str]:
+    """``{"keys", "rows"}``: the keys under which the SavedModel's bundle stores the ``tf.lookup`` table ``lookup``."""
+    for saveable in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
+        if saveable.op is lookup:
+            keys, rows = (spec.name for spec in saveable.specs)
+            return {"keys": keys, "rows": rows}
+    raise RuntimeError(f"export: the key -> row lookup table {lookup.name} of a hash table is not saved with the "
+                       "SavedModel (not in the SAVEABLE_OBJECTS collection)")
+
+
 def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Callable[[], object],
                        assets_extra: Optional[Mapping[str, str]] = None, as_text: bool = False,
                        clear_devices: bool = True, strip_default_attrs: bool = True) -> Optional[bytes]:
@@ -110,6 +123,8 @@ def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, asset
         if not isinstance(signatures, Mapping):
             signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signatures}
         local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
+        hash_tables = {table_name: _saved_names(lookup)
+                       for table_name, lookup in tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)}
         with tf.compat.v1.Session() as sess:
             _restore_for_export(sess, checkpoint_path)
             builder = tf.compat.v1.saved_model.Builder(temp_dir)
@@ -118,6 +133,7 @@ def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, asset
                 assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
                 main_op=local_init_op, clear_devices=clear_devices, strip_default_attrs=strip_default_attrs)
             builder.save(as_text)
+    serving_versions.write_record(temp_dir, serving_versions.full_export_record(checkpoint_path, hash_tables))
     for relative, source in (assets_extra or {}).items():
         destination = os.path.join(compat.as_text(temp_dir), "assets.extra", relative)
         tf.io.gfile.makedirs(os.path.dirname(destination))
