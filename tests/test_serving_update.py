@@ -8,8 +8,9 @@ and exports steps 5 and 6 the ordinary way from full checkpoints of the
 same run. One process where ``collective`` and ``horovod`` cannot be
 imported serves every version and each export base's newest version:
 versions 2 and 3 serve what the ordinary exports of their steps serve, and
-differ from version 1 exactly on the rows trained since step 2 (new hash
-keys included). Chains that do not continue a version are refused.
+differ from version 1 on the rows trained since step 2 (new hash keys
+included) and nowhere else; they link version 1's variables and add one
+delta each. Chains that do not continue a version are refused.
 """
 
 import json
@@ -113,10 +114,19 @@ def test_new_versions_differ_from_version_1_on_the_rows_trained_since(run, n):
     np.testing.assert_array_equal(held_by_v1, np.isin(keys, old_keys))  # new keys read zeros in version 1 ...
     np.testing.assert_array_equal(np.abs(last_rows).max(axis=1) > 0, keys != suc.UNSEEN_KEY)  # ... and not in 3
     assert np.abs(first["prediction"] - last["prediction"]).max() > 1e-4
-    # New keys were appended to the version's hash-table variable, without a new graph.
-    rows = {v: tf.train.load_variable(os.path.join(run["versions"][n][v], "variables", "variables"), "item").shape[0]
-            for v in ("v1", "v3")}
-    assert rows == {"v1": len(old_keys), "v3": len(old_keys) + len(new_keys)}
+    # Version 3 is version 1's bundle (the same files: hard links) plus a delta per update; the deltas hold the
+    # rows trained (new hash keys included, appended when the version loads), not the tables.
+    files = {v: {name: os.stat(os.path.join(run["versions"][n][v], "variables", name))
+                 for name in os.listdir(os.path.join(run["versions"][n][v], "variables"))} for v in ("v1", "v2", "v3")}
+    bundle = sorted(files["v1"])
+    deltas = [f"delta-00000{k}.{ext}" for k in (1, 2) for ext in ("data-00000-of-00001", "index")]
+    assert sorted(files["v3"]) == sorted(bundle + deltas) and sorted(files["v2"]) == sorted(bundle + deltas[:2])
+    for name in bundle:
+        assert files["v3"][name].st_ino == files["v1"][name].st_ino, name
+    assert files["v3"][deltas[0]].st_ino == files["v2"][deltas[0]].st_ino
+    second = tf.train.load_checkpoint(os.path.join(run["versions"][n]["v3"], "variables", "delta-000002"))
+    assert sorted(second.get_tensor("item/keys").tolist()) == sorted(set(ic.global_batch(5)[1].ravel().tolist()))
+    assert sorted(second.get_tensor("t/keys").tolist()) == sorted(set(ic.global_batch(5)[0].ravel().tolist()))
 
 
 def test_versions_written_by_any_worker_count_serve_the_same_model(run):

@@ -10,8 +10,9 @@ Every version collective writes (a full export or a serving update) carries
   then, its step and its fingerprint, :func:`collective.checkpoint.manifest.base_fingerprint`);
 - ``deltas``: the incremental checkpoints applied on top of it, oldest first,
   each with its step and the SHA-256 of its ``.index`` (from its manifest);
-- ``hash_tables``: per hash-table vocabulary, the keys under which the
-  SavedModel's variables bundle stores its ``tf.lookup`` key -> row table;
+- ``served``: what the version serves and each of its deltas holds: fixed
+  tables (rows, dim, dtype), hash tables (dim, dtype), other variables
+  (shape, dtype) (:class:`~collective.integration.serving_deltas.Served`);
 - ``previous_version``: the version a serving update started from (``null``
   for a full export).
 
@@ -29,7 +30,7 @@ import json
 import logging
 import os
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -75,13 +76,14 @@ def step_of_checkpoint(checkpoint_path: str) -> Optional[int]:
     return int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else None
 
 
-def full_export_record(checkpoint_path: str, hash_tables: Mapping[str, Mapping[str, str]]) -> Dict:
-    """The record of a version exported from the full checkpoint ``checkpoint_path``."""
+def full_export_record(checkpoint_path: str, served) -> Dict:
+    """The record of a version exported from the full checkpoint ``checkpoint_path``, serving ``served``
+    (a :class:`~collective.integration.serving_deltas.Served`)."""
     step = step_of_checkpoint(checkpoint_path)
     return {"format": FORMAT, "step": step, "previous_version": None, "deltas": [],
             "base": {"prefix": os.path.abspath(checkpoint_path), "step": step,
                      "fingerprint": manifest.base_fingerprint(checkpoint_path)},
-            "hash_tables": {name: dict(keys) for name, keys in hash_tables.items()}}
+            "served": served.to_json()}
 
 
 def updated_record(record: Dict, previous_version: int, applied: List[str]) -> Dict:
