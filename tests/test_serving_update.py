@@ -150,8 +150,8 @@ def _chain_from(strategy, checkpoint: str, model_dir) -> str:
 
 
 def test_chains_that_do_not_continue_the_version_are_refused(run, tmp_path):
-    """An older delta, a chain whose base is after the version (a gap), another base, a missing link, no record:
-    each refused with the version and the delta named, and no version written."""
+    """An older delta, a chain whose base is after the version (a gap), another base, a missing link, a damaged
+    new delta, no record: each refused with the version and the delta named, and no version written."""
     n1 = run["base"] / "n1"
     model, reference = n1 / "model", n1 / "reference"
     strategy = CollectiveStrategy("hb")
@@ -170,6 +170,13 @@ def test_chains_that_do_not_continue_the_version_are_refused(run, tmp_path):
     torn = tmp_path / "torn"
     shutil.copytree(model, torn)
     (torn / "model.ckpt-5.delta.manifest.json").unlink()
+    corrupted = tmp_path / "corrupted"  # the delta of step 6 damaged, under version 2 (which holds 3 and 5)
+    shutil.copytree(model, corrupted)
+    data = max(corrupted.glob("model.ckpt-6.delta.data-*"), key=lambda p: p.stat().st_size)
+    data.write_bytes(bytes([data.read_bytes()[0] ^ 1]) + data.read_bytes()[1:])
+    at_v2 = tmp_path / "at_v2"
+    shutil.copytree(n1 / "export", at_v2)
+    shutil.rmtree(at_v2 / str(versions(str(at_v2))[-1]))
     no_record = tmp_path / "no_record"
     shutil.copytree(run["versions"][1]["v1"], no_record / "1")
     (no_record / "1" / "assets.extra" / "collective_checkpoint.json").unlink()
@@ -188,6 +195,8 @@ def test_chains_that_do_not_continue_the_version_are_refused(run, tmp_path):
          rf"\(step 3\) plus 0 delta\(s\), but the chain of {delta(6)} starts from the full checkpoint "
          rf"{model}/model.ckpt-2 \(step 2\), whose files differ"),
         (current, delta(6, torn), ChainError, rf"{torn}/model.ckpt-5.delta has no manifest"),
+        (at_v2, delta(6, corrupted), ChainError,
+         rf"{corrupted}/model.ckpt-6.delta is torn: its file {data.name} does not match its manifest's SHA-256"),
         (no_record, delta(6), ServingUpdateError,
          rf"SavedModel version {no_record}/1 has no assets.extra/collective_checkpoint.json"),
     ]

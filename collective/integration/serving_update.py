@@ -79,7 +79,6 @@ def _update(export_dir_base: str, chain_end: str, version: Optional[int]) -> byt
         if found is None:
             raise ServingUpdateError(f"serving update: no checkpoint in {chain_end}")
         chain_end = found
-    chain = manifest.verify_chain(chain_end)
     existing = serving_versions.versions(export_dir_base)
     if not existing:
         raise ServingUpdateError(f"serving update: no SavedModel version under {export_dir_base} to update; export "
@@ -91,6 +90,8 @@ def _update(export_dir_base: str, chain_end: str, version: Optional[int]) -> byt
                                  f"(versions: {existing})")
     old_dir = os.path.join(export_dir_base, str(version))
     record = serving_versions.read_record(old_dir)
+    # The deltas the version holds are not read again: their files are checked by size, not checksum.
+    chain = manifest.verify_chain(chain_end, trusted=[entry["prefix"] for entry in record["deltas"]])
     deltas = serving_versions.deltas_to_apply(record, old_dir, chain)
     served = serving_deltas.Served.from_json(record["served"])
     tensors = _delta_tensors(served, deltas, old_dir)
