@@ -23,8 +23,9 @@ A row is marked when the update can change it:
 Tables that opt in with :func:`record_update_times` (SOK's ``sok.Variable``
 and ``sok.DynamicVariable``, for ``sok.incremental_dump``) also keep, per
 local row, the UNIX time in seconds (``tf.timestamp()``, float64) of its last
-update, ``<table>/row_update_time``, plus ``<table>/every_row_update_time``
-for the optimizers that move every row; these are never cleared.
+update (-inf before any), ``<table>/row_update_time``, plus
+``<table>/every_row_update_time`` for the optimizers that move every row;
+these are never cleared.
 :func:`updated_since` reads them. Other tables pay nothing for it.
 
 A hash table's marks are over its index rows: a key inserted by a training
@@ -47,6 +48,7 @@ import dataclasses
 import logging
 from typing import Iterable, List, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from collective.embedding import tables
@@ -142,9 +144,9 @@ def _rows_of(table: tf.Variable) -> _Rows:
             eager = tf.executing_eagerly()
             rows = _Rows(_new_state(table, "touched_rows", tf.zeros([local], tf.bool)),
                          _new_state(table, "touched_every_row", tf.constant(False)), eager)
-            if getattr(table, _TIMED, False):
-                rows.times = _new_state(table, "row_update_time", tf.zeros([local], tf.float64))
-                rows.every_time = _new_state(table, "every_row_update_time", tf.constant(0.0, tf.float64))
+            if getattr(table, _TIMED, False):  # never updated: -inf, before any time asked for
+                rows.times = _new_state(table, "row_update_time", tf.fill([local], tf.constant(-np.inf, tf.float64)))
+                rows.every_time = _new_state(table, "every_row_update_time", tf.constant(-np.inf, tf.float64))
         if not eager:
             with table.graph.as_default():
                 tf.compat.v1.add_to_collection(TOUCHED_COLLECTION, rows.mask)
@@ -174,14 +176,19 @@ def records_update_times(table: tf.Variable) -> bool:
     return bool(getattr(_table(table), _TIMED, False))
 
 
+def _never(variable: tf.Variable) -> tf.Tensor:
+    """``variable``'s value before any update: not marked (bool), or updated at -inf (an update time)."""
+    dtype = variable.dtype.base_dtype
+    return tf.fill(variable.shape, tf.constant(False if dtype == tf.bool else -np.inf, dtype))
+
+
 def _ready(rows: _Rows, variable: tf.Variable) -> List[tf.Tensor]:
     """Control inputs that initialise ``variable`` (all clear) first when it has no value yet (graph state only)."""
     if rows.eager:
         return []
 
     def init():  # the assign is built inside the branch: it runs only when the variable has no value yet
-        assign = tf.raw_ops.AssignVariableOp(resource=variable.handle,
-                                             value=tf.zeros(variable.shape, variable.dtype.base_dtype))
+        assign = tf.raw_ops.AssignVariableOp(resource=variable.handle, value=_never(variable))
         with tf.control_dependencies([assign]):
             return tf.constant(True)
 
