@@ -39,7 +39,8 @@ runs (in ``tf.function`` too). In a graph, a row-local mark initialises the
 mask first if needed (a ``tf.cond``, so a program that runs only
 ``global_variables_initializer`` or restores without initialisers works
 unchanged); the every-row flag and time need no initialisation, so an
-optimizer that moves every row costs two scalar assigns per table and step.
+optimizer that moves every row costs one scalar assign per table and step
+(two for a SOK table).
 """
 
 from __future__ import annotations
