@@ -83,7 +83,7 @@ class CBFFilter(CounterFilter):
 
 
 class GlobalStepEvict:
-    """DeepRec's ``tf.GlobalStepEvict``: drop keys not seen in a training lookup for more than ``steps_to_live`` steps."""
+    """DeepRec's ``tf.GlobalStepEvict``: drop keys no training lookup saw for more than ``steps_to_live`` steps."""
 
     def __init__(self, steps_to_live: Optional[int] = None):
         self.steps_to_live = steps_to_live

@@ -4,7 +4,8 @@ A hash table ``<name>`` is stored as ``<name>/keys`` ``[K]`` int64, ``<name>``
 ``[K, dim]`` and each optimizer slot ``[K, dim]`` (with a vocabulary policy
 also ``<name>/hash_index/usage`` ``[K, 2]``: count and last-seen step, and
 the counter table as ``<name>/admission/keys`` with its
-``<name>/hash_index/admission/usage``), all in the same key order: worker 0's keys (by local row), then worker 1's, ... Each worker
+``<name>/hash_index/admission/usage``), all in the same key order:
+worker 0's keys (by local row), then worker 1's, ... Each worker
 writes its ``count`` rows as slices at the offset an allgather of counts
 gives, into its own part (no part when it holds no key: a slice cannot be
 empty); rank 0 stores the counts' bounds under

@@ -139,7 +139,12 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
         table.restore_block = logical.insert_rows(info.hash_index, table.variables, keys, values)
     if table.dynamic is not None:
         gone, _, table.tombstone_feed = hash_tables.read_keyed(prefix, tombstones_key(table.name), [], owner, [])
-        table.tombstone_restore = table.dynamic.remove(gone)
+        table.tombstone_restore = table.dynamic.remove(gone, touched_masks)
+
+
+def touched_masks(values: tf.Variable) -> List:
+    """``[(value, variable)]`` of table ``values``'s touched-rows mask: an eviction moves it with the rows."""
+    return [(touched.marked(values), touched.mask_of(values))]
 
 
 def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,

@@ -334,8 +334,8 @@ class Saver(saver_lib.Saver):
 
     def _commit_delta(self, sess, prefix, parts_dir, n, step, rows) -> None:
         """Rank 0: merges the delta's parts, then writes its manifest (the commit)."""
-        parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}{suffix}")
-                 for s in range(n) for t in range(len(self._delta_tables)) for suffix in ("", incremental.TOMBSTONE_PART)]
+        parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}{suffix}") for s in range(n)
+                 for t in range(len(self._delta_tables)) for suffix in ("", incremental.TOMBSTONE_PART)]
         parts += [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-hash{t}") for s in range(n)
                   for t, _ in self._whole_in_deltas]
         parts = [p for p in parts if tf.io.gfile.exists(p + ".index")] + [os.path.join(parts_dir, "replicated")]

@@ -38,7 +38,7 @@ from typing import Callable, List, Sequence, Set
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint import touched
+from collective.checkpoint import incremental, touched
 from collective.embedding import gradient_norms, tables
 from collective.embedding.hash_table import dynamic as dynamic_vocabulary
 from collective.embedding.table import shard_of
@@ -223,7 +223,7 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     marks = touched.mark(optimizer, pairs)
     done = _with(result, marks) if marks else result
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
-    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after)
+    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks)
     return _with(done, upkeep) if upkeep else done
 
 

@@ -3,7 +3,7 @@
 The ``admit`` case also saves a full checkpoint after ``SAVE_AT`` steps and a
 delta at the end; this job then restores the chain that ``prev_dir``'s job
 wrote (another worker count; this job's own with ``-``), dumps the state,
-saves it in full and exports it as a SavedModel (rank 0).
+saves it in full and, in the 1-worker job, exports it as a SavedModel.
 
 argv: out_dir prev_dir|-
 """
@@ -90,6 +90,8 @@ def restore_and_export(strategy, backend: str) -> None:
             for name, value in sess.run(state).items():
                 results[prefix + name] = value
             full = saver.save(sess, os.path.join(out_dir, f"full_{backend}", "model"), global_step=99)
+    if n > 1:
+        return  # the export of the 1-worker job is served in the test
 
     def signature_def_fn():
         table, _, _, _, _ = cases.build(strategy, "admit", n, with_optimizer=False)
@@ -121,9 +123,10 @@ def full_table_error(strategy, policy: dict) -> str:
 for backend in cases.BACKENDS:
     strategy = CollectiveStrategy(backend)
     with strategy.scope():
-        for case in cases.CASES:
+        for case in cases.BACKEND_CASES[backend]:
             train_case(strategy, backend, case)
-        restore_and_export(strategy, backend)
+        if backend == "hb":
+            restore_and_export(strategy, backend)
         results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
 
 np.savez(os.path.join(out_dir, f"rank{strategy.rank()}.npz"), **results)

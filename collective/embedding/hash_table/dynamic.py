@@ -18,14 +18,14 @@ optimizer's update when the new global step is a multiple of
 ``evict_every_steps``: it decides per key (age, norm, or one LRU/LFU
 threshold agreed by an allreduce), then compacts the survivors to rows
 ``0 .. K-1`` of the values, the usage, every optimizer slot and the
-incremental-checkpoint mask, resets the freed rows (slots to their initial
+per-row masks its caller names (the incremental-checkpoint mask), resets the freed rows (slots to their initial
 value) and rebuilds the index, so later inserts reuse the rows.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -36,6 +36,10 @@ from collective.embedding.hash_table.policy import VocabularyPolicy
 from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.embedding")
+
+RowMasks = Callable[[tf.Variable], Sequence[Tuple[tf.Tensor, tf.Variable]]]
+"""``values -> [(current value, variable)]`` of per-row bool masks kept beside a table (the incremental-checkpoint
+mask): an eviction moves them with the rows. Built inside the eviction run, so the values are read only then."""
 
 HISTOGRAM_BUCKETS = 1024
 """LRU ages and LFU counts are told apart up to this value; larger ones share the last bucket."""
@@ -72,8 +76,6 @@ class DynamicVocabulary:
     """The policy's state and ops of one :class:`~.index.HashTable` (``index.dynamic``)."""
 
     def __init__(self, index, policy: VocabularyPolicy, collections: List[str]):
-        from collective.embedding.hash_table.index import HashTable  # pylint: disable=import-outside-toplevel
-
         self.index = index
         self.policy = policy.check(index.name, index.dim)
         self.slots: List[Tuple[tf.Variable, np.ndarray]] = []
@@ -83,11 +85,11 @@ class DynamicVocabulary:
         # The keys held at the last committed checkpoint: a delta's tombstones are those no longer held.
         self.saved_keys = plain_variable("saved_keys", [index.capacity], tf.int64, zeros, collections)
         self.saved_count = plain_variable("saved_count", [], tf.int64, zeros, collections)
-        self.counter: Optional[HashTable] = None
+        self.counter = None  # an index of the same class as ``index``
         self.counter_usage = self.dropped = None
         if not policy.admits_on_first_sight:
             capacity = int(policy.counter_capacity or index.capacity)
-            self.counter = HashTable(index.name + "/admission", 1, capacity, None, tf.float32, index.load_factor,
+            self.counter = type(index)(index.name + "/admission", 1, capacity, None, tf.float32, index.load_factor,
                                      index_scope="admission")
             with tf.compat.v1.variable_scope("admission"):
                 self.counter_usage = plain_variable("usage", [capacity, 2], tf.int64, zeros, collections)
@@ -186,7 +188,7 @@ class DynamicVocabulary:
                              "one row per key; vocabulary policies cannot move its rows")
         self.slots.append((slot, initial_row(slot, self.index.name)))
 
-    def upkeep(self, values: tf.Variable, after: List) -> Optional[tf.Operation]:
+    def upkeep(self, values: tf.Variable, after: List, row_masks: Optional[RowMasks] = None) -> Optional[tf.Operation]:
         """The eviction run after an update (``after``): a no-op unless the new global step is due."""
         if not (self.policy.evicts or self.counter is not None):
             return None
@@ -199,7 +201,7 @@ class DynamicVocabulary:
         due = tf.logical_and(step > 0, tf.equal(step % int(self.policy.evict_every_steps), 0))
 
         def run():
-            with tf.control_dependencies(self.evict(values, step)):
+            with tf.control_dependencies(self.evict(values, step, row_masks)):
                 return tf.constant(True)
 
         return tf.cond(due, run, lambda: tf.constant(False), name="evict_" + values.op.name.replace("/", "_")).op
@@ -239,36 +241,35 @@ class DynamicVocabulary:
             stays = value >= limit
         return tf.logical_or(tf.logical_not(over), stays)
 
-    def evict(self, values: tf.Variable, step: tf.Tensor) -> List[tf.Operation]:
+    def evict(self, values: tf.Variable, step: tf.Tensor, row_masks: Optional[RowMasks] = None) -> List[tf.Operation]:
         """Ops evicting at ``step``: survivors move to rows ``0 .. K-1``, freed rows reset, index rebuilt."""
         keys, rows = self.index.entries()
-        ops = self._keep_only(values, keys, rows, self.keep_mask(values, keys, rows, step))
+        ops = self._keep_only(values, keys, rows, self.keep_mask(values, keys, rows, step), row_masks)
         if self.counter is not None:
             ops += self._purge_counter(step)
         return ops
 
-    def remove(self, keys: tf.Tensor) -> tf.Operation:
+    def remove(self, keys: tf.Tensor, row_masks: Optional[RowMasks] = None) -> tf.Operation:
         """Drops ``keys`` (those held) from the table, as an eviction does (a delta's tombstones)."""
         index = self.index
         held_keys, rows = index.entries()
         found = index.find(keys)
         found = tf.boolean_mask(found, found >= 0)
         dropped = tf.scatter_nd(found[:, None], tf.ones_like(found, tf.bool), [index.capacity])
-        return tf.group(*self._keep_only(index.values, held_keys, rows, tf.logical_not(tf.gather(dropped, rows))))
+        return tf.group(*self._keep_only(index.values, held_keys, rows, tf.logical_not(tf.gather(dropped, rows)),
+                                         row_masks))
 
-    def _keep_only(self, values: tf.Variable, keys: tf.Tensor, rows: tf.Tensor, keep: tf.Tensor) -> List[tf.Operation]:
+    def _keep_only(self, values: tf.Variable, keys: tf.Tensor, rows: tf.Tensor, keep: tf.Tensor,
+                   row_masks: Optional[RowMasks]) -> List[tf.Operation]:
         """Ops keeping the held ``keys`` (at ``rows``) where ``keep``: compacted, freed rows reset, index rebuilt."""
-        from collective.checkpoint import touched  # pylint: disable=import-outside-toplevel
-
         index = self.index
         survivors = tf.boolean_mask(rows, keep)
         moved = [(values, np.zeros([index.dim], values.dtype.as_numpy_dtype)),
                  (self.usage, np.zeros([2], np.int64))] + self.slots
         ops = [_compact(var, survivors, row, index.capacity) for var, row in moved]
-        mask = touched.mask_of(values)
-        marked = touched.marked(values)
-        ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
-            [tf.gather(marked, survivors), tf.zeros([index.capacity - tf.size(survivors)], tf.bool)], axis=0)))
+        for current, mask in (row_masks(values) if row_masks is not None else []):
+            ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
+                [tf.gather(current, survivors), tf.zeros([index.capacity - tf.size(survivors)], tf.bool)], axis=0)))
         ops.append(index.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))
         return ops
 
@@ -317,7 +318,7 @@ def remember_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     return slot
 
 
-def upkeep_ops(pairs, after) -> List[tf.Operation]:
+def upkeep_ops(pairs, after, row_masks: Optional[RowMasks] = None) -> List[tf.Operation]:
     """The eviction runs of the tables with a policy among ``(gradient, variable)`` pairs, after ``after``."""
     if tf.executing_eagerly():
         return []
@@ -327,7 +328,7 @@ def upkeep_ops(pairs, after) -> List[tf.Operation]:
         dynamic = getattr(info.hash_index, "dynamic", None) if info is not None and grad is not None else None
         if dynamic is None or dynamic.index.values is not var:
             continue
-        op = dynamic.upkeep(var, after)
+        op = dynamic.upkeep(var, after, row_masks)
         if op is not None:
             ops.append(op)
     return ops

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.embedding import key_init
+from collective.embedding.hash_table import dynamic
 from collective.embedding.hash_table.local_variables import eager_variable, op_name, plain_variable
 from collective.embedding.hash_table.lookup_mode import is_training
 from collective.kernels.reference import EMPTY_KEY
@@ -95,8 +96,7 @@ class HashTable:
                                            tf.compat.v1.constant_initializer(-1), collections)
             self.size_var = plain_variable("size", [], tf.int64, tf.compat.v1.zeros_initializer(), collections)
             if policy is not None:
-                from collective.embedding.hash_table.dynamic import DynamicVocabulary  # pylint: disable=import-outside-toplevel
-                self.dynamic = DynamicVocabulary(self, policy, collections)
+                self.dynamic = dynamic.DynamicVocabulary(self, policy, collections)
 
     def __repr__(self) -> str:
         return f"HashTable({self.name!r}, dim={self.dim}, capacity={self.capacity}, slots={self.num_slots})"
