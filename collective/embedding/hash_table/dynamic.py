@@ -79,7 +79,7 @@ class DynamicVocabulary:
         self.index = index
         self.policy = policy.check(index.name, index.dim)
         self.slots: List[Tuple[tf.Variable, np.ndarray]] = []
-        self._upkeep_built = set()
+        self._upkeep_built = False  # one eviction run per step, even if several updates touch the table
         zeros = tf.compat.v1.zeros_initializer()
         self.usage = plain_variable("usage", [index.capacity, 2], tf.int64, zeros, collections)
         # The keys held at the last committed checkpoint: a delta's tombstones are those no longer held.
@@ -192,10 +192,9 @@ class DynamicVocabulary:
         """The eviction run after an update (``after``): a no-op unless the new global step is due."""
         if not (self.policy.evicts or self.counter is not None):
             return None
-        key = (id(tf.compat.v1.get_default_graph()), id(values))
-        if key in self._upkeep_built:
+        if self._upkeep_built:
             return None
-        self._upkeep_built.add(key)
+        self._upkeep_built = True
         with tf.control_dependencies(after):
             step = global_step_value(self.index.name)
         due = tf.logical_and(step > 0, tf.equal(step % int(self.policy.evict_every_steps), 0))
