@@ -47,11 +47,18 @@ TAIL_BASE = 1 << 40
 
 
 def variants(steps_per_day: int) -> Dict[str, Dict[str, Any]]:
-    """The vocabulary policies compared: ``hash_embedding_variable`` keyword arguments by variant name."""
+    """The vocabulary policies compared: ``hash_embedding_variable`` keyword arguments by variant name.
+
+    ``capacity_per_worker`` in a variant overrides the run's (which holds every key of the run).
+    """
     return {
         "unbounded": {},
         "admission+eviction": {"min_count": 2, "steps_to_live": 2 * steps_per_day,
                                "evict_every_steps": steps_per_day},
+        "admission+lru (small table)": {"min_count": 2, "counter_capacity": 4 * FIELDS * HEAD,
+                                          "counter_steps_to_live": max(1, steps_per_day // 4),
+                                          "evict_strategy": "lru", "evict_every_steps": max(1, steps_per_day // 8),
+                                          "capacity_per_worker": 3 * FIELDS * HEAD},
     }
 
 
@@ -121,7 +128,8 @@ def worker(out_dir: str, variant: str, days: int, samples: int, capacity: int) -
     rank, size = comm.rank(), comm.world_size()
     local = GLOBAL_BATCH // size
     steps_per_day = samples // GLOBAL_BATCH
-    policy = variants(steps_per_day)[variant]
+    policy = dict(variants(steps_per_day)[variant])
+    capacity = policy.pop("capacity_per_worker", capacity)
     strategy = CollectiveStrategy("hb")
     with tf.Graph().as_default(), strategy.scope():
         tf.compat.v1.set_random_seed(2026)  # the dense layers start alike on any number of workers
