@@ -58,7 +58,7 @@ def variants(steps_per_day: int) -> Dict[str, Dict[str, Any]]:
         "admission+lru (small table)": {"min_count": 2, "counter_capacity": 4 * FIELDS * HEAD,
                                           "counter_steps_to_live": max(1, steps_per_day // 4),
                                           "evict_strategy": "lru", "evict_every_steps": max(1, steps_per_day // 8),
-                                          "capacity_per_worker": 3 * FIELDS * HEAD},
+                                          "capacity_per_worker": FIELDS * HEAD},
     }
 
 
