@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Every target sets
 # up .venv first (scripts/setup.sh, idempotent: seconds when nothing changed).
 # `make bench` runs the quick benchmark configuration and writes reports/quick/ (records, step traces of the
-# headline runs, the per-step overhead, REPORT.md); `make bench-full` does the same for the three
+# headline runs, the per-step overhead, REPORT.md) and the stream benchmark of vocabulary policies (reports/stream/); `make bench-full` does the same for the three
 # configurations at Criteo Kaggle's real table sizes (reports/full, reports/full_zoo, reports/full_mlperf).
 PYTHON := .venv/bin/python
 WORKERS ?= 2
@@ -24,6 +24,7 @@ bench: setup
 	@$(PYTHON) -m benchmarks.profile --config quick --runs $(PROFILED)
 	@$(PYTHON) -m benchmarks.overhead --out reports/quick
 	@$(PYTHON) -m benchmarks.report --dir reports/quick
+	@$(PYTHON) -m benchmarks.stream --out reports/stream
 
 bench-full: setup
 	@for c in $(FULL_CONFIGS); do $(PYTHON) -m benchmarks.run --config $$c --no_report || exit 1; done

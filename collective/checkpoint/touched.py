@@ -290,8 +290,11 @@ def clear(tables_: Iterable[tf.Variable]) -> tf.Operation:
 def applied_and_marked(optimizer, grads_and_vars: List, result):
     """``result`` (what ``apply_gradients`` returned for ``grads_and_vars``) that also marks their rows."""
     ops = mark(optimizer, grads_and_vars)
-    if not ops:
-        return result
+    return run_with(result, ops) if ops else result
+
+
+def run_with(result, ops: List[tf.Operation]):
+    """``result`` (an op, a tensor or a variable an ``apply_gradients`` returned) that also runs ``ops``."""
     if isinstance(result, tf.Operation):
         return tf.group(result, *ops, name=result.name.split(":")[0].split("/")[-1] + "_and_mark_rows")
     if isinstance(result, tf.Tensor):

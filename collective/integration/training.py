@@ -38,8 +38,9 @@ from typing import Callable, List, Sequence, Set
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint import touched
+from collective.checkpoint import incremental, touched
 from collective.embedding import gradient_norms, tables
+from collective.embedding.hash_table import dynamic as dynamic_vocabulary
 from collective.embedding.table import shard_of
 from collective.tf_internals import keras_compute_gradients, keras_optimizers, optimizer_lib, patches, variable_v1, \
     variables
@@ -212,11 +213,16 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once.
 
     The result also marks the table rows the update can change, for
-    incremental checkpoints (:mod:`collective.checkpoint.touched`).
+    incremental checkpoints (:mod:`collective.checkpoint.touched`), and then
+    runs the eviction of hash tables with a vocabulary policy when it is due
+    (:mod:`collective.embedding.hash_table.dynamic`).
     """
-    tables.watch_slots(optimizer)
+    tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     pairs = average_gradients(grads_and_vars)
-    return touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
+    done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
+    after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
+    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks)
+    return touched.run_with(done, upkeep) if upkeep else done
 
 
 def averaging_method(owner, attribute: str, averager: Callable) -> Callable:

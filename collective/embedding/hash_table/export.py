@@ -26,8 +26,9 @@ class ExportedTable:
     :meth:`owned_vectors` with TensorFlow ops only.
     """
 
-    def __init__(self, name: str, values: Optional[tf.Variable], index, rows: int):
+    def __init__(self, name: str, values: Optional[tf.Variable], index, rows: int, default_row=None):
         self.name, self.values, self.index, self.rows = name, values, index, rows
+        self.default_row = default_row  # what keys not held read (the policy's default_value); None: zeros
         self.capacity = rows
 
     def owned_vectors(self, values: tf.Variable, keys: tf.Tensor, training: Optional[bool] = None) -> tf.Tensor:
@@ -41,8 +42,12 @@ class ExportedTable:
         return tf.where(found >= 0, found, tf.fill(tf.shape(found), tf.constant(self.rows, tf.int64)))
 
     def padded(self) -> tf.Tensor:
-        """The values with one zero row appended."""
-        return tf.concat([self.values, tf.zeros([1, self.values.shape[1]], self.values.dtype)], axis=0)
+        """The values with the default row (zeros unless the table's policy gives a default_value) appended."""
+        if self.default_row is None:
+            default = tf.zeros([1, self.values.shape[1]], self.values.dtype)
+        else:
+            default = tf.constant([self.default_row], self.values.dtype)
+        return tf.concat([self.values, default], axis=0)
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """Vectors of ``keys`` (any shape), zeros for keys not held."""
@@ -68,16 +73,17 @@ def export_index(name: str, full_name: str) -> tf.lookup.experimental.MutableHas
     return index
 
 
-def export_variable(name: str, dim: int, dtype=tf.float32) -> tf.Variable:
+def export_variable(name: str, dim: int, dtype=tf.float32, default_row=None) -> tf.Variable:
     """The export form of hash table ``name``: a ``[rows, dim]`` variable named as the table.
 
-    ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`).
+    ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`); keys not
+    held read ``default_row`` (``dim`` numbers; None: zeros).
     """
     table_name = local_variables.full_name(name)
     rows = modes.export_rows(table_name)
     values = local_variables.plain_variable(name, [rows, int(dim)], tf.as_dtype(dtype),
                                             tf.compat.v1.zeros_initializer(), [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
-    table = ExportedTable(table_name, values, export_index(name, table_name), rows)
+    table = ExportedTable(table_name, values, export_index(name, table_name), rows, default_row)
     values._collective_exported_hash_table = table  # pylint: disable=protected-access
     # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.
     values._collective_shard = ShardInfo(  # pylint: disable=protected-access
