@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm, context
+from collective.checkpoint import touched
 from collective.embedding import hash_table
 from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
 from collective.sok.checkpoint import not_saved, save_logical
@@ -92,8 +93,9 @@ def Variable(initial_value=None, shape=None, initializer=None, dtype=None, name:
     else:
         var = tf.compat.v1.get_variable(name, initializer=local, trainable=trainable, dtype=dtype,
                                         use_resource=True)
-    return save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
-                                           rank=ctx.rank, world_size=ctx.world_size)))
+    var = save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
+                                          rank=ctx.rank, world_size=ctx.world_size)))
+    return touched.record_update_times(var)  # for sok.incremental_dump
 
 
 def _dynamic_initializer(value, name: str):
@@ -151,7 +153,7 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
         for state in index.variables:
             not_saved(state)
         save_logical(var)
-    return var
+    return touched.record_update_times(var)  # for sok.incremental_dump
 
 
 _HKV_STRATEGIES = {"klru": "lru", "klfu": "lfu", "lru": "lru", "lfu": "lfu"}
