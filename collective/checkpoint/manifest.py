@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Dict, List, Optional
+from typing import Collection, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -138,8 +138,9 @@ def read_manifest(prefix: str) -> Dict:
     return manifest
 
 
-def _problem_with_files(prefix: str, manifest: Dict) -> Optional[str]:
-    """What is wrong with delta ``prefix``'s files against its manifest, or None."""
+def _problem_with_files(prefix: str, manifest: Dict, checksums: bool = True) -> Optional[str]:
+    """What is wrong with delta ``prefix``'s files against its manifest (sizes; with ``checksums`` also SHA-256),
+    or None."""
     folder = os.path.dirname(prefix)
     listed = {entry["name"] for entry in manifest["files"]}
     for entry in manifest["files"]:
@@ -149,7 +150,7 @@ def _problem_with_files(prefix: str, manifest: Dict) -> Optional[str]:
         size = tf.io.gfile.stat(path).length
         if size != entry["bytes"]:
             return f"its file {entry['name']} has {size} bytes, its manifest says {entry['bytes']}"
-        if file_entry(path)["sha256"] != entry["sha256"]:
+        if checksums and file_entry(path)["sha256"] != entry["sha256"]:
             return f"its file {entry['name']} does not match its manifest's SHA-256 checksum"
     extra = [os.path.basename(f) for f in bundle_files(prefix) if os.path.basename(f) not in listed]
     if extra:
@@ -175,15 +176,19 @@ class _Broken(Exception):
         self.message, self.last_good = message, last_good
 
 
-def verify_chain(prefix: str) -> Chain:
+def verify_chain(prefix: str, trusted: Collection[str] = ()) -> Chain:
     """The chain ending at ``prefix`` (a delta or a full checkpoint), every file checked.
+
+    ``trusted``: names of deltas (``model.ckpt-5.delta``) whose files the
+    caller will not read: only their sizes are checked, not their SHA-256
+    (a serving update skips the deltas a version holds already).
 
     Raises:
       ChainError: a delta of the chain (or its base) is missing or torn; the
         message names it and the last complete step, and how to restore that.
     """
     try:
-        return _verify_chain(str(prefix))
+        return _verify_chain(str(prefix), frozenset(trusted))
     except _Broken as broken:
         folder = os.path.dirname(str(prefix))
         last = broken.last_good or latest_incremental_checkpoint(folder)
@@ -195,7 +200,7 @@ def verify_chain(prefix: str) -> Chain:
         raise ChainError(f"{broken.message}. {offer}") from None
 
 
-def _verify_chain(prefix: str) -> Chain:
+def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
     if not is_delta(prefix):
         return Chain(prefix, [], None)
     links: List[tuple] = []
@@ -219,7 +224,7 @@ def _verify_chain(prefix: str) -> Chain:
                       None)
     good: List[str] = []
     for delta, manifest in links:
-        problem = _problem_with_files(delta, manifest)
+        problem = _problem_with_files(delta, manifest, os.path.basename(delta) not in trusted)
         if problem:
             raise _Broken(f"incremental checkpoint {delta} is torn: {problem}", good[-1] if good else base)
         good.append(delta)

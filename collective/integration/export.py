@@ -8,7 +8,10 @@ The model is built once more in a fresh graph inside
 enters the graph. The variables are restored from the checkpoint with a plain
 ``Saver`` (the checkpoint holds whole tables under their own names),
 hash-table vocabularies get their key -> row lookup tables filled from the
-checkpoint's keys, and rank 0 writes the SavedModel. It loads with
+checkpoint's keys, and rank 0 writes the SavedModel, with a record of the
+checkpoint it holds in ``assets.extra`` (:mod:`.serving_versions`). Its
+restore op also applies the deltas that :mod:`.serving_update` adds to
+later versions (:mod:`.serving_deltas`). It loads with
 ``tf.compat.v1.saved_model.load`` / ``saved_model_cli`` in a process where
 neither this package nor Horovod can be imported.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -28,8 +31,10 @@ import tensorflow as tf
 from collective import comm
 from collective.runtime import heartbeat
 from collective.embedding import modes
+from collective.integration import serving_deltas, serving_versions
 from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
-from collective.tf_internals import compat, export_lib, export_utils, function_utils, patches
+from collective.checkpoint.saver import ROW_SPLITS_SCOPE
+from collective.tf_internals import all_saveable_objects, compat, export_lib, export_utils, function_utils, patches
 
 logger = logging.getLogger("collective.integration.export")
 
@@ -73,6 +78,13 @@ def _restore_for_export(sess: tf.compat.v1.Session, checkpoint_path: str) -> Non
         sess.run(lookup.insert(tf.constant(keys, lookup.key_dtype), tf.constant(rows)))
 
 
+def fixed_tables(checkpoint_path: str) -> List[str]:
+    """The sharded tables (and slots) a full checkpoint holds by row id: those with stored row bounds, no keys."""
+    names = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
+    return sorted(key[len(ROW_SPLITS_SCOPE):] for key in names
+                  if key.startswith(ROW_SPLITS_SCOPE) and f"{key[len(ROW_SPLITS_SCOPE):]}/keys" not in names)
+
+
 def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Callable[[], object],
                        assets_extra: Optional[Mapping[str, str]] = None, as_text: bool = False,
                        clear_devices: bool = True, strip_default_attrs: bool = True) -> Optional[bytes]:
@@ -110,14 +122,21 @@ def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, asset
         if not isinstance(signatures, Mapping):
             signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signatures}
         local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
+        # The builder's own saver, whose restore op also applies the deltas of later versions (serving updates).
+        saver = tf.compat.v1.train.Saver(all_saveable_objects(), sharded=True, allow_empty=True,
+                                         write_version=tf.compat.v1.train.SaverDef.V2)
+        served = serving_deltas.add_delta_restore(saver, fixed_tables(checkpoint_path),
+                                                  dict(tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)))
         with tf.compat.v1.Session() as sess:
             _restore_for_export(sess, checkpoint_path)
             builder = tf.compat.v1.saved_model.Builder(temp_dir)
             builder.add_meta_graph_and_variables(
                 sess, [tf.saved_model.SERVING], signature_def_map=dict(signatures),
                 assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                main_op=local_init_op, clear_devices=clear_devices, strip_default_attrs=strip_default_attrs)
+                main_op=local_init_op, clear_devices=clear_devices, strip_default_attrs=strip_default_attrs,
+                saver=saver)
             builder.save(as_text)
+    serving_versions.write_record(temp_dir, serving_versions.full_export_record(checkpoint_path, served))
     for relative, source in (assets_extra or {}).items():
         destination = os.path.join(compat.as_text(temp_dir), "assets.extra", relative)
         tf.io.gfile.makedirs(os.path.dirname(destination))

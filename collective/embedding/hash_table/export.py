@@ -2,7 +2,11 @@
 
 An exported SavedModel serves it with TensorFlow ops only, without this
 package or Horovod; keys it does not hold read a zero vector, as
-inference lookups do in training.
+inference lookups do in training. Nothing in the graph depends on the
+number of rows (the variable's static shape is ``[None, dim]`` and the zero
+vector is row 0 of :meth:`ExportedTable.padded`), so a serving update
+(:mod:`collective.integration.serving_update`) can append the rows of new
+keys to the variables of a version without a new graph.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from collective.embedding.table import ShardInfo
 class ExportedTable:
     """The plain form of a hash table in an export graph: key -> row ``tf.lookup`` table + ``[rows, dim]`` values.
 
-    Keys the lookup table does not hold read a zero vector (row ``rows`` of
-    :meth:`padded`). It is the ``hash_index`` of the export variable's
-    one-worker ``ShardInfo``, so the exchange (and, inside ``scope()``,
+    Keys the lookup table does not hold read a zero vector (row 0 of
+    :meth:`padded`; a key held at row ``r`` is row ``r + 1`` there). It is
+    the ``hash_index`` of the export variable's one-worker ``ShardInfo``, so
+    the exchange (and, inside ``scope()``,
     ``tf.nn.embedding_lookup``) serve the export variable through
     :meth:`owned_vectors` with TensorFlow ops only.
     """
@@ -37,20 +42,19 @@ class ExportedTable:
         return self.lookup(tf.reshape(keys, [-1]))
 
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
-        """Row of each key in :meth:`padded` (the zero row for keys not held)."""
-        found = self.index.lookup(tf.cast(keys, tf.int64))
-        return tf.where(found >= 0, found, tf.fill(tf.shape(found), tf.constant(self.rows, tf.int64)))
+        """Row of each key in :meth:`padded` (row 0, the default row, for keys not held: the index answers -1)."""
+        return self.index.lookup(tf.cast(keys, tf.int64)) + 1
 
     def padded(self) -> tf.Tensor:
-        """The values with the default row (zeros unless the table's policy gives a default_value) appended."""
+        """The values with the default row put first: zeros, or the table's policy's ``default_value``."""
         if self.default_row is None:
             default = tf.zeros([1, self.values.shape[1]], self.values.dtype)
         else:
             default = tf.constant([self.default_row], self.values.dtype)
-        return tf.concat([self.values, default], axis=0)
+        return tf.concat([default, self.values], axis=0)
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Vectors of ``keys`` (any shape), zeros for keys not held."""
+        """Vectors of ``keys`` (any shape), the default row for keys not held."""
         return tf.gather(self.padded(), self.rows_of(keys))
 
 
@@ -74,15 +78,17 @@ def export_index(name: str, full_name: str) -> tf.lookup.experimental.MutableHas
 
 
 def export_variable(name: str, dim: int, dtype=tf.float32, default_row=None) -> tf.Variable:
-    """The export form of hash table ``name``: a ``[rows, dim]`` variable named as the table.
+    """The export form of hash table ``name``: a variable named as the table, ``[rows, dim]`` at first.
 
-    ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`); keys not
-    held read ``default_row`` (``dim`` numbers; None: zeros).
+    ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`);
+    the static shape is ``[None, dim]``, so a restore may give it more rows. Keys not held
+    read ``default_row`` (``dim`` numbers; None: zeros).
     """
     table_name = local_variables.full_name(name)
     rows = modes.export_rows(table_name)
-    values = local_variables.plain_variable(name, [rows, int(dim)], tf.as_dtype(dtype),
-                                            tf.compat.v1.zeros_initializer(), [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
+    dtype = tf.as_dtype(dtype)
+    values = local_variables.plain_variable(name, [None, int(dim)], dtype, lambda: tf.zeros([rows, int(dim)], dtype),
+                                            [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
     table = ExportedTable(table_name, values, export_index(name, table_name), rows, default_row)
     values._collective_exported_hash_table = table  # pylint: disable=protected-access
     # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.

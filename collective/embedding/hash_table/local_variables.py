@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -24,14 +24,15 @@ def eager_variable(name: str, shape: Sequence[int], dtype: tf.DType, initializer
     return tf.Variable(initializer(shape, dtype=dtype), trainable=trainable, name=name, dtype=dtype)
 
 
-def plain_variable(name: str, shape: Sequence[int], dtype: tf.DType, initializer, collections: Iterable[str],
+def plain_variable(name: str, shape: Sequence[Optional[int]], dtype: tf.DType, initializer, collections: Iterable[str],
                    trainable: bool = False) -> tf.Variable:
     """``get_variable`` in the current scope with its custom getters and partitioner switched off.
 
     Inside ``embedding_scope()`` a 2-D trainable variable would otherwise be
     re-sharded as a ``[vocab, dim]`` table; a hash table's variables are
     already per-worker. Trainable ones are created non-trainable (so no
-    variable creator shards them) and then marked trainable.
+    variable creator shards them) and then marked trainable. A ``shape``
+    with unknown dimensions needs an ``initializer`` that takes no arguments.
     """
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), auxiliary_name_scope=False) as scope:
         scope.set_custom_getter(None)
