@@ -228,3 +228,38 @@ def test_sok_dynamic_variable_maps_hkv_eviction_names():
         assert index.capacity == 16 and index.policy.evict_strategy == "lfu" and index.policy.steps_to_live == 10
         with pytest.raises(ValueError, match="sok.DynamicVariable 'dyn2': evict_strategy='kEpochLru' is not"):
             sok.DynamicVariable(dimension=4, max_capacity=16, evict_strategy="kEpochLru", name="dyn2")
+
+
+def test_eviction_moves_update_times_with_the_rows():
+    """Regression: compaction moved the touched mask but not SOK's per-row update times, so after an eviction a
+    row's update time (what ``sok.incremental_dump`` selects by) belonged to the evicted key that held it before."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.checkpoint import touched  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    with tf.Graph().as_default(), strategy.scope():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+        touched.record_update_times(table)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+        held, _ = hash_table.table_of(table).entries()
+        times = touched.row_state(table)[1][0]
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            sess.run(train, {keys: [5]})  # key 5 takes row 0
+            time.sleep(0.05)
+            before = time.time()
+            for _ in range(3):  # key 7 takes row 1; key 5, not seen for more than one step, is evicted
+                sess.run(train, {keys: [7]})
+            got_keys, got_times = sess.run([held, times])
+    assert got_keys.tolist() == [7], got_keys
+    assert got_times[0] >= before, f"row 0 (key 7) carries an update time from before key 7 trained: {got_times}"
+    assert np.all(np.isneginf(got_times[1:])), f"freed rows keep update times: {got_times}"

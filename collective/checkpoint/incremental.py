@@ -143,8 +143,8 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
 
 
 def touched_masks(values: tf.Variable) -> List:
-    """``[(value, variable)]`` of table ``values``'s touched-rows mask: an eviction moves it with the rows."""
-    return [(touched.marked(values), touched.mask_of(values))]
+    """``[(value, variable)]`` of table ``values``'s per-row marks (mask, update times): an eviction moves them."""
+    return touched.row_state(values)
 
 
 def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,

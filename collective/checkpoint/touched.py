@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -180,7 +180,7 @@ def records_update_times(table: tf.Variable) -> bool:
 def _never(variable: tf.Variable) -> tf.Tensor:
     """``variable``'s value before any update: not marked (bool), or updated at -inf (an update time)."""
     dtype = variable.dtype.base_dtype
-    return tf.fill(variable.shape, tf.constant(False if dtype == tf.bool else -np.inf, dtype))
+    return tf.fill(variable.shape, tf.constant(never_value(dtype), dtype))
 
 
 def _ready(rows: _Rows, variable: tf.Variable) -> List[tf.Tensor]:
@@ -253,6 +253,24 @@ def marked(table: tf.Variable) -> tf.Tensor:
     """bool per local row of ``table``: set for the rows marked since the marks were last cleared."""
     rows = _rows_of(table)
     return tf.logical_or(_read(rows, rows.mask), _read(rows, rows.every))
+
+
+def row_state(table: tf.Variable) -> List[Tuple[tf.Tensor, tf.Variable]]:
+    """``[(value, variable)]`` of ``table``'s per-row marks: the touched mask and, where kept, the update times.
+
+    An eviction that moves rows (:mod:`collective.embedding.hash_table.dynamic`) moves these with them and
+    fills the freed rows with the value of a row never updated (:func:`never_value`).
+    """
+    rows = _rows_of(table)
+    state = [(marked(table), rows.mask)]
+    if rows.times is not None:
+        state.append((_read(rows, rows.times), rows.times))
+    return state
+
+
+def never_value(dtype: tf.DType):
+    """A per-row mark of a row never updated: not marked (bool), or updated at -inf (an update time)."""
+    return False if tf.as_dtype(dtype).base_dtype == tf.bool else -np.inf
 
 
 def touched_rows(table: tf.Variable) -> tf.Tensor:

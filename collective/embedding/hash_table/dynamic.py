@@ -37,9 +37,16 @@ from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.embedding")
 
+
+def _never_marked(mask: tf.Variable):
+    """What a freed row's per-row mark becomes: False for a touched mask, -inf for an update time."""
+    return False if mask.dtype.base_dtype == tf.bool else -np.inf
+
+
 RowMasks = Callable[[tf.Variable], Sequence[Tuple[tf.Tensor, tf.Variable]]]
-"""``values -> [(current value, variable)]`` of per-row bool masks kept beside a table (the incremental-checkpoint
-mask): an eviction moves them with the rows. Built inside the eviction run, so the values are read only then."""
+"""``values -> [(current value, variable)]`` of per-row marks kept beside a table (the incremental-checkpoint
+mask, SOK's update times): an eviction moves them with the rows. Built inside the eviction run, so the values
+are read only then."""
 
 HISTOGRAM_BUCKETS = 1024
 """LRU ages and LFU counts are told apart up to this value; larger ones share the last bucket."""
@@ -267,8 +274,10 @@ class DynamicVocabulary:
                  (self.usage, np.zeros([2], np.int64))] + self.slots
         ops = [_compact(var, survivors, row, index.capacity) for var, row in moved]
         for current, mask in (row_masks(values) if row_masks is not None else []):
+            never = tf.constant(_never_marked(mask), mask.dtype.base_dtype)
+            freed = tf.fill([index.capacity - tf.size(survivors)], never)
             ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
-                [tf.gather(current, survivors), tf.zeros([index.capacity - tf.size(survivors)], tf.bool)], axis=0)))
+                [tf.gather(current, survivors), freed], axis=0)))
         ops.append(index.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))
         return ops
 
