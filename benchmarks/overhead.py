@@ -8,7 +8,8 @@ benchmarks.overhead --worker OUT`` and times a step that does almost nothing
 (``MonitoredSession`` without hooks) and once with each per-step cost the
 library can add:
 
-- ``heartbeat``: the two lines :class:`collective.runtime.heartbeat.HeartbeatHook` writes per step;
+- ``heartbeat``: :class:`collective.runtime.heartbeat.HeartbeatHook`'s step lines (a background thread
+  writes the newest one when steps come faster than ``STEP_LINE_INTERVAL``);
 - ``checkpoint_flag``: the allreduce :class:`collective.integration.session.CheckpointSaverHook` runs
   after every step so that a save (by time) or a preemption starts on all workers or none;
 - ``loss_allreduce``: the allreduce of the loss the Estimator wrapper adds to the step (its logged loss

@@ -42,16 +42,58 @@ _WEIGHTS = "embedding_weights"
 class InitializerOption:
     """DeepRec's ``tf.InitializerOption``: an initializer for the column's vectors.
 
-    ``default_value_dim`` and ``default_value_no_permission`` are accepted and
-    ignored: every key's first vector is drawn from ``initializer`` as a
-    function of the key (:mod:`collective.embedding.key_init`), and unseen
-    keys in inference read zeros.
+    ``default_value_no_permission`` is what keys without a row read (not
+    admitted yet by a ``filter_option``, or evicted), in training lookups,
+    ``inference()`` and the exported model. ``default_value_dim`` is accepted
+    and ignored: every key's first vector is drawn from ``initializer`` as a
+    function of the key (:mod:`collective.embedding.key_init`).
     """
 
     def __init__(self, initializer=None, default_value_dim: int = 4096, default_value_no_permission: float = 0.0):
         self.initializer = initializer
         self.default_value_dim = default_value_dim
         self.default_value_no_permission = default_value_no_permission
+
+
+class CounterFilter:
+    """DeepRec's ``tf.CounterFilter``: a key gets a row once training lookups saw it ``filter_freq`` times.
+
+    Exact counts kept by the key's owner (``VocabularyPolicy.min_count``).
+    """
+
+    def __init__(self, filter_freq: int = 0):
+        self.filter_freq = int(filter_freq)
+
+
+class CBFFilter(CounterFilter):
+    """DeepRec's ``tf.CBFFilter`` (counting Bloom filter), served by the exact counter of :class:`CounterFilter`.
+
+    A counting Bloom filter's false positives depend on which keys share its
+    cells, and so on how keys are spread over workers: its admissions could
+    not be the same on every N. Collective therefore counts exactly (no false
+    positives; ``false_positive_probability``, ``max_element_size`` and
+    ``counter_type`` are accepted and ignored) and bounds the counter table
+    by ``EmbeddingVariableOption(counter_capacity=...)`` instead.
+    """
+
+    def __init__(self, filter_freq: int = 0, max_element_size: int = 0, false_positive_probability: float = -1.0,
+                 counter_type=tf.uint64):
+        super().__init__(filter_freq)
+        del max_element_size, false_positive_probability, counter_type
+
+
+class GlobalStepEvict:
+    """DeepRec's ``tf.GlobalStepEvict``: drop keys no training lookup saw for more than ``steps_to_live`` steps."""
+
+    def __init__(self, steps_to_live: Optional[int] = None):
+        self.steps_to_live = steps_to_live
+
+
+class L2WeightEvict:
+    """DeepRec's ``tf.L2WeightEvict``: drop keys whose vector's L2 norm is below ``l2_weight_threshold``."""
+
+    def __init__(self, l2_weight_threshold: float = -1.0):
+        self.l2_weight_threshold = l2_weight_threshold
 
 
 class EmbeddingVariableOption:
@@ -63,26 +105,61 @@ class EmbeddingVariableOption:
         exceed it fails naming the table.
       load_factor: fraction of the index's probe slots that may be filled.
       init_option: an :class:`InitializerOption`; its initializer replaces
-        ``embedding_column``'s.
+        ``embedding_column``'s, its ``default_value_no_permission`` is what
+        keys without a row read.
       ht_type, ht_partition_num: accepted and ignored (one hash table kind;
         sharding is collective's).
-      evict_option, filter_option, storage_option: feature eviction, feature
-        admission and multi-tier storage are not supported; anything but
-        None raises.
+      filter_option: :class:`CounterFilter` or :class:`CBFFilter` (feature admission).
+      evict_option: :class:`GlobalStepEvict` or :class:`L2WeightEvict` (feature eviction).
+      storage_option: multi-tier storage is not supported; anything but None raises.
+      evict_every_steps, counter_capacity, evict_strategy: collective's
+        :class:`~collective.embedding.hash_table.VocabularyPolicy` options
+        (DeepRec evicts when a checkpoint is saved; collective every
+        ``evict_every_steps`` global steps).
     """
 
     def __init__(self, capacity_per_worker: Optional[int] = None, load_factor: float = hash_table.DEFAULT_LOAD_FACTOR,
                  init_option: Optional[InitializerOption] = None, ht_type=None, ht_partition_num=None,
-                 evict_option=None, filter_option=None, storage_option=None):
-        for option, value in (("evict_option", evict_option), ("filter_option", filter_option),
-                              ("storage_option", storage_option)):
-            if value is not None:
-                raise NotImplementedError(f"EmbeddingVariableOption({option}=...) is not supported by collective's "
-                                          "hash tables; leave it None")
+                 evict_option=None, filter_option=None, storage_option=None, evict_every_steps: Optional[int] = None,
+                 counter_capacity: Optional[int] = None, evict_strategy: Optional[str] = None):
+        if storage_option is not None:
+            raise NotImplementedError("EmbeddingVariableOption(storage_option=...) is not supported by collective's "
+                                      "hash tables; leave it None")
         del ht_type, ht_partition_num
         self.capacity_per_worker = capacity_per_worker
         self.load_factor = load_factor
         self.init_option = init_option
+        self.policy = _policy_of(init_option, filter_option, evict_option, evict_every_steps, counter_capacity,
+                                 evict_strategy)
+
+
+def _policy_of(init_option, filter_option, evict_option, evict_every_steps, counter_capacity,
+               evict_strategy) -> Optional[hash_table.VocabularyPolicy]:
+    """The :class:`VocabularyPolicy` DeepRec's options describe (None: every key admitted, none evicted)."""
+    options = {}
+    if filter_option is not None:
+        if not isinstance(filter_option, CounterFilter):
+            raise TypeError(f"EmbeddingVariableOption(filter_option={filter_option!r}): give CounterFilter(...) or "
+                            "CBFFilter(...) from collective.hash_embedding_column")
+        options["min_count"] = max(1, filter_option.filter_freq)
+    if evict_option is not None:
+        if isinstance(evict_option, GlobalStepEvict):
+            if evict_option.steps_to_live is not None:
+                options["steps_to_live"] = int(evict_option.steps_to_live)
+        elif isinstance(evict_option, L2WeightEvict):
+            if evict_option.l2_weight_threshold > 0:
+                options["l2_weight_threshold"] = float(evict_option.l2_weight_threshold)
+        else:
+            raise TypeError(f"EmbeddingVariableOption(evict_option={evict_option!r}): give GlobalStepEvict(...) or "
+                            "L2WeightEvict(...) from collective.hash_embedding_column")
+    for name, value in (("evict_every_steps", evict_every_steps), ("counter_capacity", counter_capacity),
+                        ("evict_strategy", evict_strategy)):
+        if value is not None:
+            options[name] = value
+    default = getattr(init_option, "default_value_no_permission", 0.0)
+    if default:
+        options["default_value"] = default
+    return hash_table.VocabularyPolicy(**options) if options else None
 
 
 def categorical_column_with_embedding(key: str, dtype=tf.int64, partition_num=None,
@@ -118,13 +195,13 @@ def categorical_column_with_embedding(key: str, dtype=tf.int64, partition_num=No
     init_option = getattr(option, "init_option", None)
     initializer = getattr(init_option, "initializer", None)
     return HashEmbeddingCategoricalColumn(key, dtype, int(capacity), float(getattr(option, "load_factor", 0.5)),
-                                          initializer)
+                                          initializer, getattr(option, "policy", None))
 
 
 class HashEmbeddingCategoricalColumn(
         fc.CategoricalColumn, fc_old._CategoricalColumn,  # pylint: disable=protected-access
         collections.namedtuple("HashEmbeddingCategoricalColumn",
-                               ("key", "dtype", "capacity_per_worker", "load_factor", "initializer"))):
+                               ("key", "dtype", "capacity_per_worker", "load_factor", "initializer", "policy"))):
     """See :func:`categorical_column_with_embedding`."""
 
     @property
@@ -204,7 +281,7 @@ class HashEmbeddingCategoricalColumn(
     def from_config(cls, config, custom_objects=None, columns_by_name=None):
         del custom_objects, columns_by_name
         return cls(config["key"], tf.as_dtype(config["dtype"]), config["capacity_per_worker"],
-                   config["load_factor"], None)
+                   config["load_factor"], None, None)
 
 
 def _export_rows(keys: tf.SparseTensor, table_name: str) -> tf.SparseTensor:
@@ -234,13 +311,14 @@ def _create_table_on_next_get(scope, table_name: str, column: HashEmbeddingCateg
         shape = tf.TensorShape(kwargs.get("shape"))
         dtype = kwargs.get("dtype") or tf.float32
         if modes.is_exporting():
-            values = hash_table.export_variable(_WEIGHTS, int(shape[-1]), dtype)
+            default = column.policy.default_row(int(shape[-1])) if column.policy is not None else None
+            values = hash_table.export_variable(_WEIGHTS, int(shape[-1]), dtype, default)
             return hash_table.exported(values).padded()
         initializer = column.initializer if column.initializer is not None else kwargs.get("initializer")
         return hash_table.hash_embedding_variable(
             _WEIGHTS, int(shape[-1]), column.capacity_per_worker, initializer=initializer, dtype=dtype,
             trainable=kwargs.get("trainable", True) is not False, load_factor=column.load_factor,
-            collections=kwargs.get("collections"))
+            collections=kwargs.get("collections"), policy=column.policy)
 
     hash_table_getter.collective_hash_table = table_name
     scope.set_custom_getter(hash_table_getter)

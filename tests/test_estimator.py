@@ -2,12 +2,16 @@
 
 One launch per (backend, workers) runs train (even and unequal shares, with
 and without max_steps; batch norm on unequal shares), evaluate (unequal
-shares, steps=None), predict, train_and_evaluate and a ThroughputHook under
-MonitoredTrainingSession; the tests compare with plain TensorFlow training on
-the global batch and plain single-process evaluation of all workers' data.
+shares, steps=None), predict, train_and_evaluate, incremental checkpoints
+(a delta every step, a restarted train resuming from the chain, evaluate of
+the chain end; then the previous launch's chain resumed on this worker count)
+and a ThroughputHook under MonitoredTrainingSession; the tests compare with
+plain TensorFlow training on the global batch and plain single-process
+evaluation of all workers' data.
 """
 
 import glob
+import json
 import os
 import pathlib
 
@@ -15,32 +19,51 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher import load_rank_results, run_workers
+from launcher import launch_once, load_rank_results, run_workers
 from workers import estimator_cases as cases
 
 # Every backend and 1, 2, 3 workers, without the full cross product (each launch costs ~20 s).
-RUNS = [("hb", 1), ("sok", 2), ("hb", 3), ("replicated", 2)]
+RUNS = [("sok", 2), ("hb", 3), ("hb", 1), ("replicated", 2)]
+# Each of these launches resumes the incremental checkpoint chain of the launch named: 2 -> 3 -> 1 -> 2 workers.
+PREVIOUS = {("hb", 3): ("sok", 2), ("hb", 1): ("hb", 3), ("replicated", 2): ("hb", 1)}
 METRICS = ("loss", "auc", "accuracy", "mse")
 RATINGS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda p: f"{p[0]}-{p[1]}workers")
-def run(request, tmp_path_factory):
-    backend, n = request.param
-    out = tmp_path_factory.mktemp(f"est-{backend}-{n}")
-    proc = run_workers("estimator_worker.py", n, [out, backend], env={"COLLECTIVE_STRATEGY": backend})
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("est")
+
+
+@launch_once
+def _launch(base, backend, n):
+    """(n, rank results, process) of the launch; its folder is ``process.out_dir``."""
+    previous = PREVIOUS.get((backend, n))
+    if previous is not None:
+        _launch(base, *previous)
+    out = base / f"{backend}-{n}"
+    out.mkdir()
+    proc = run_workers("estimator_worker.py", n, [out, backend, base / "-".join(map(str, previous)) if previous else "-"],
+                       env={"COLLECTIVE_STRATEGY": backend})
+    proc.out_dir = out
     return n, load_rank_results(out, n), proc
 
 
-def logical_table(results, prefix, n):
-    """The logical table from every worker's rows (each worker holds all of it under ``replicated``)."""
-    if results[0][f"{prefix}/table"].shape == cases.TABLE.shape:
+@pytest.fixture(scope="module", params=RUNS, ids=lambda p: f"{p[0]}-{p[1]}workers")
+def run(request, base):
+    return _launch(base, *request.param)
+
+
+def logical_table(results, prefix, n, name="table"):
+    """The logical table (or its slot ``name``) from every worker's rows (each holds all of it under ``replicated``)."""
+    key = f"{prefix}/{name}"
+    if results[0][key].shape == cases.TABLE.shape:
         for r in range(1, n):
-            np.testing.assert_array_equal(results[r][f"{prefix}/table"], results[0][f"{prefix}/table"])
-        return results[0][f"{prefix}/table"]
+            np.testing.assert_array_equal(results[r][key], results[0][key])
+        return results[0][key]
     table = np.zeros_like(cases.TABLE)
     for r in range(n):
-        table[r::n] = results[r][f"{prefix}/table"]
+        table[r::n] = results[r][key]
     return table
 
 
@@ -165,6 +188,77 @@ def reference_example(request, tmp_path_factory):
 
 
 REFERENCE_STEPS = 5
+
+
+def assert_state(results, prefix, n, expected, what):
+    """Table, w, b and their Adagrad slots of every worker equal ``expected`` (cases.reference_state)."""
+    for name, value in expected.items():
+        if name.startswith("table"):
+            got = logical_table(results, prefix, n, name)
+        else:
+            got = results[0][f"{prefix}/{name}"]
+            for r in range(1, n):
+                np.testing.assert_array_equal(results[r][f"{prefix}/{name}"], got, err_msg=f"{what} {name} rank {r}")
+        np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6, err_msg=f"{what}: {name}")
+
+
+def delta_manifest(model_dir, step):
+    return json.loads((model_dir / f"model.ckpt-{step}.delta.manifest.json").read_text())
+
+
+def test_incremental_checkpoints_resume_a_restarted_train_and_evaluate_the_chain_end(run):
+    """incremental_save_steps=1 and no full saves: a full checkpoint at step 1, then deltas; a second train()
+    resumes from the chain's last step (2); evaluate() reads the chain end (step 4), not the full checkpoint."""
+    n, res, proc = run
+    for r in range(n):
+        assert res[r]["inc_start/global_step"] == 2 and res[r]["inc/global_step"] == 4
+        assert res[r]["inc_eval/global_step"] == 4
+    steps = even_steps(n, cases.EVEN_STEPS)
+    assert_state(res, "inc_start", n, cases.reference_state(steps[:2], n, cases.adagrad), "restored at step 2")
+    expected = cases.reference_state(steps, n, cases.adagrad)
+    assert_state(res, "inc", n, expected, "after the resumed train")
+    metrics = cases.reference_eval(all_eval_batches(n), expected["table"], expected["w"], expected["b"])
+    for r in range(n):
+        for key in METRICS:
+            np.testing.assert_allclose(res[r][f"inc_eval/{key}"], metrics[key], rtol=1e-5, err_msg=key)
+    model_dir = proc.out_dir / "inc"
+    assert tf.train.latest_checkpoint(str(model_dir)) == str(model_dir / "model.ckpt-1")
+    for step in (2, 3, 4):
+        manifest = delta_manifest(model_dir, step)
+        assert manifest["world_size"] == n and manifest["base"]["prefix"] == "model.ckpt-1"
+        assert manifest["previous"] == (f"model.ckpt-{step - 1}.delta" if step > 2 else None)
+
+
+@pytest.mark.parametrize("target", sorted(PREVIOUS), ids=lambda t: f"{t[0]}-{t[1]}workers")
+def test_estimator_chain_of_n_workers_resumes_on_m_with_the_incremental_hook_among_chief_hooks(base, target):
+    """The previous launch's chain (N workers, step 4) restored by train() on M workers: variables and Adagrad
+    slots right after the restore equal plain TensorFlow's after 4 steps, and after one more step its 5; the
+    chief hook saved a delta on every worker."""
+    n, res, proc = _launch(base, *target)
+    previous = PREVIOUS[target][1]
+    steps = even_steps(n, cases.EVEN_STEPS)
+    for r in range(n):
+        assert res[r]["resume_start/global_step"] == 4 and res[r]["resume/global_step"] == 5
+    what = f"chain of {previous} workers on {n}"
+    assert_state(res, "resume_start", n, cases.reference_state(steps, n, cases.adagrad), what)
+    assert_state(res, "resume", n, cases.reference_state(steps + steps[:1], n, cases.adagrad), f"{what}, a step on")
+    manifest = delta_manifest(proc.out_dir / "resume", 5)
+    assert manifest["world_size"] == n and manifest["previous"] == "model.ckpt-4.delta"
+    assert delta_manifest(proc.out_dir / "resume", 4)["world_size"] == previous
+
+
+def test_estimator_incremental_arguments_and_export_of_a_delta_are_refused(tmp_path):
+    from collective import CollectiveStrategy
+
+    def model_fn(features, labels, mode, params):
+        raise AssertionError("not called")
+
+    with pytest.raises(ValueError, match="at most one of incremental_save_steps and incremental_save_secs"):
+        CollectiveStrategy().estimator(model_fn, str(tmp_path), incremental_save_steps=1, incremental_save_secs=1)
+    est = CollectiveStrategy().estimator(model_fn, str(tmp_path), incremental_save_secs=60)
+    with pytest.raises(ValueError, match=r"exports full checkpoints; .*model.ckpt-3.delta is an incremental"):
+        est.export_saved_model(str(tmp_path / "export"), lambda: None,
+                               checkpoint_path=str(tmp_path / "model.ckpt-3.delta"))
 
 
 def test_reference_estimator_example_trains_evaluates_and_exports(reference_example):

@@ -126,7 +126,52 @@ def test_column_outside_strategy_scope_fails_clearly():
 
 
 def test_unsupported_ev_options_fail_clearly():
-    with pytest.raises(NotImplementedError, match="filter_option"):
+    with pytest.raises(NotImplementedError, match="storage_option"):
+        cfc.EmbeddingVariableOption(storage_option=object())
+    with pytest.raises(TypeError, match="filter_option.*CounterFilter"):
         cfc.EmbeddingVariableOption(filter_option=object())
+    with pytest.raises(TypeError, match="evict_option.*GlobalStepEvict"):
+        cfc.EmbeddingVariableOption(evict_option=cfc.CounterFilter(2))
     with pytest.raises(ValueError, match="dtype must be an integer type or tf.string"):
         cfc.categorical_column_with_embedding("price", dtype=tf.float32)
+
+
+def test_deeprec_options_map_onto_one_policy():
+    VocabularyPolicy = hash_table.VocabularyPolicy  # noqa: N806
+
+    assert cfc.EmbeddingVariableOption().policy is None
+    option = cfc.EmbeddingVariableOption(
+        filter_option=cfc.CounterFilter(filter_freq=3), evict_option=cfc.GlobalStepEvict(steps_to_live=100),
+        init_option=cfc.InitializerOption(default_value_no_permission=0.5), evict_every_steps=10)
+    assert option.policy == VocabularyPolicy(min_count=3, steps_to_live=100, default_value=0.5, evict_every_steps=10)
+    cbf = cfc.EmbeddingVariableOption(filter_option=cfc.CBFFilter(filter_freq=2, max_element_size=2 ** 20,
+                                                                  false_positive_probability=0.01),
+                                      evict_option=cfc.L2WeightEvict(l2_weight_threshold=0.1))
+    assert cbf.policy == VocabularyPolicy(min_count=2, l2_weight_threshold=0.1)
+    assert cfc.EmbeddingVariableOption(evict_option=cfc.L2WeightEvict()).policy is None  # DeepRec's -1: off
+
+
+def test_column_with_policy_builds_a_policy_table_and_exports_its_default():
+    """The column's table carries the policy; its export form serves keys it does not hold the default value."""
+    option = cfc.EmbeddingVariableOption(capacity_per_worker=16, filter_option=cfc.CounterFilter(2),
+                                         init_option=cfc.InitializerOption(default_value_no_permission=0.5))
+    column = tf.feature_column.embedding_column(
+        cfc.categorical_column_with_embedding("movie", dtype=tf.int64, ev_option=option), 4, combiner="sum")
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        with strategy.embedding_scope(), tf.compat.v1.variable_scope("embedding"):
+            out = tf.compat.v1.feature_column.input_layer({"movie": tf.constant([[10, 30]], tf.int64)}, [column])
+        [table] = tf.compat.v1.get_collection(hash_table.HASH_TABLES_COLLECTION)
+        assert table.policy.min_count == 2
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            np.testing.assert_array_equal(sess.run(out), [[1.0] * 4])  # seen once: not admitted, 2 x 0.5
+    with tf.Graph().as_default(), modes.exporting({MOVIE_TABLE: 1}), tf.compat.v1.variable_scope("embedding"):
+        emb = tf.compat.v1.feature_column.input_layer({"movie": tf.constant([[10, 30]], tf.int64)}, [column])
+        [(_, index)] = tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)
+        [var] = [v for v in tf.compat.v1.global_variables() if v.op.name == MOVIE_TABLE]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([index.insert(tf.constant([10], tf.int64), tf.constant([0], tf.int64)), var.assign([[1.0] * 4])])
+            np.testing.assert_array_equal(sess.run(emb), [[1.5] * 4])

@@ -93,3 +93,39 @@ def test_sigterm_gets_its_behaviour_back_when_the_session_closes(tmp_path, late_
         preemption.uninstall()
     assert handler is signal.SIG_DFL
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-2")
+
+
+def test_heartbeat_step_lines_leave_the_step_path_and_still_reach_the_launcher(tmp_path, monkeypatch):
+    """Step lines closer than STEP_LINE_INTERVAL are left to the background thread (no file write per step), which
+    writes the newest state within the interval; other phases go out at once."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    from collective.runtime import heartbeat  # pylint: disable=import-outside-toplevel
+    from collective.runtime.stall import ENV, read_beat  # pylint: disable=import-outside-toplevel
+
+    path = str(tmp_path / "heartbeat")
+    monkeypatch.setenv(ENV, path)
+    monkeypatch.setattr(heartbeat, "_state", {"steps": 0, "phase": None})
+    monkeypatch.setattr(heartbeat, "_written", {"line": None, "phase": None, "at": float("-inf")})
+    hook = heartbeat.HeartbeatHook()
+    hook.begin()
+    assert (read_beat(path).phase, read_beat(path).steps) == ("idle", 0)
+    start = time.monotonic()
+    for _ in range(200):
+        hook.before_run(None)
+        hook.after_run(None, None)
+    if time.monotonic() - start < heartbeat.STEP_LINE_INTERVAL:
+        assert read_beat(path).steps < 200, "every step wrote its line on the step's path"
+    deadline = time.monotonic() + 5 * heartbeat.STEP_LINE_INTERVAL
+    while read_beat(path) is None or read_beat(path).steps != 200:
+        assert time.monotonic() < deadline, f"the newest state never reached the file: {read_beat(path)}"
+        time.sleep(0.05)
+    assert read_beat(path).phase == "idle"
+    hook.before_run(None)  # a step that hangs: the launcher must see "inside step 201" within the interval
+    deadline = time.monotonic() + 5 * heartbeat.STEP_LINE_INTERVAL
+    while read_beat(path).phase != "step":
+        assert time.monotonic() < deadline, "a hanging step never showed as 'step'"
+        time.sleep(0.05)
+    with heartbeat.phase("save"):  # other phases go out at once
+        assert read_beat(path).phase == "save"
+    assert read_beat(path).phase == "step"

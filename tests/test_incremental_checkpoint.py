@@ -196,6 +196,10 @@ def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every
                 Saver().save_incremental(sess, str(tmp_path / "model.ckpt"), global_step=step)
     v1, keras = tf.compat.v1.train, tf.keras.optimizers
     assert touched.updates_only_gradient_rows(v1.AdagradOptimizer(0.1))
+    # Regression: GradientDescentOptimizer implements only _resource_apply_sparse_duplicate_indices and was taken
+    # for an optimizer that moves every row (its deltas held every row).
+    assert touched.updates_only_gradient_rows(v1.GradientDescentOptimizer(0.1))
+    assert touched.updates_only_gradient_rows(v1.MomentumOptimizer(0.1, 0.9))
     assert touched.updates_only_gradient_rows(keras.SGD(0.1)) and not touched.updates_only_gradient_rows(
         keras.SGD(0.1, momentum=0.9))
     assert not touched.updates_only_gradient_rows(v1.AdamOptimizer(0.1))

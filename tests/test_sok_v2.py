@@ -3,7 +3,10 @@
 One job per world size runs every case (tests/workers/sok_v2_worker.py): the
 SOK program over Adam and SGD against a pure-TF twin on the global batch
 (float64, 1e-4 asked, ~1e-12 seen), the dump of the Adam run loaded on another
-world size (2 -> 3, 3 -> 1) with identical vectors and slots, and bad input.
+world size (2 -> 3, 3 -> 1) with identical vectors and slots, incremental
+dumps (sok.incremental_dump) of an Adagrad run: the keys each holds, and a
+full dump plus two incremental ones loaded on another world size equal to the
+uninterrupted run key by key, and bad input.
 """
 import pathlib
 import sys
@@ -98,3 +101,34 @@ def test_one_exchange_serves_the_fixed_tables(base, n):
         ops = list(res["tf1_adam/lookup_collectives"])
         assert ops.count("HorovodAlltoall") == 2, ops
         assert ops.count("HorovodAllgather") == 2, ops
+
+
+def _distinct(name, steps):
+    """How many distinct ids of table ``name`` (keys of ``c``) the global batches of ``steps`` look up."""
+    return len({int(i) for s in steps for row in cases.batch(s)[0][name] for i in row})
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_incremental_dump_holds_the_keys_updated_at_or_after_its_time(base, n):
+    """Adagrad and TF1 SGD update only the rows looked up; Adam moves every row at each step."""
+    every = [cases.TABLES["a"][0], cases.TABLES["b"][0], _distinct("c", range(cases.STEPS))]
+    for res in _job(base, n):
+        assert res["inc_counts/after2"].tolist() == [_distinct(t, [1, 2]) for t in "abc"]
+        assert res["inc_counts/after3"].tolist() == [_distinct(t, [3]) for t in "abc"]
+        assert res["adam_inc_counts"].tolist() == [every, [0, 0, 0]]
+        assert res["tf1_adam/inc_counts"].tolist() == [every, [0, 0, 0]]
+        assert res["tf1_sgd/inc_counts"].tolist() == [[_distinct(t, range(cases.STEPS)) for t in "abc"], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("n, previous", [(3, 2), (1, 3)])
+def test_full_then_incremental_dumps_load_on_m_to_the_uninterrupted_tables_and_slots(base, n, previous):
+    loaded, dumped = _job(base, n), _job(base, previous)
+    for name in ("a", "b", "c"):
+        whats = sorted(k.split("/")[-1] for k in dumped[0] if k.startswith(f"adagrad/{name}/") and not
+                       k.endswith("/keys"))
+        assert whats == ["slot_accumulators", "values"], whats
+        for what in whats:
+            want, got = _logical(dumped, "adagrad", name, what), _logical(loaded, "inc_loaded", name, what)
+            assert sorted(got) == sorted(want), f"{name} {what}"
+            for key, row in want.items():
+                np.testing.assert_array_equal(got[key], row, err_msg=f"{name} {what} key {key}")

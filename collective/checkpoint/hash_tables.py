@@ -1,8 +1,11 @@
 """Checkpoints of hash-table vocabularies: keys plus their rows, whatever the world size.
 
 A hash table ``<name>`` is stored as ``<name>/keys`` ``[K]`` int64, ``<name>``
-``[K, dim]`` and each optimizer slot ``[K, dim]``, all in the same key
-order: worker 0's keys (by local row), then worker 1's, ... Each worker
+``[K, dim]`` and each optimizer slot ``[K, dim]`` (with a vocabulary policy
+also ``<name>/hash_index/usage`` ``[K, 2]``: count and last-seen step, and
+the counter table as ``<name>/admission/keys`` with its
+``<name>/hash_index/admission/usage``), all in the same key order:
+worker 0's keys (by local row), then worker 1's, ... Each worker
 writes its ``count`` rows as slices at the offset an allgather of counts
 gives, into its own part (no part when it holds no key: a slice cannot be
 empty); rank 0 stores the counts' bounds under
@@ -45,6 +48,8 @@ class HashFamily:
     restore_init: tf.Operation = None
     restore_block: tf.Operation = None
     block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # A policy's counter table: per-worker state that no touched mask follows, so every delta holds all of it.
+    whole_in_deltas: bool = False
 
 
 def families(sharded: List[tf.Variable]) -> List[HashFamily]:
@@ -63,12 +68,26 @@ def families(sharded: List[tf.Variable]) -> List[HashFamily]:
                              "slots but not its values variable; save the table with its slots")
         family.variables.sort(key=lambda v: (v is not values[0], checkpoint_key(v)))
         family.name = checkpoint_key(values[0])
-    return list(found.values())
+    result = list(found.values())
+    for family in list(result):
+        dynamic = getattr(family.index, "dynamic", None)
+        if dynamic is None:
+            continue
+        family.variables.append(dynamic.usage)  # each key's count and last-seen step, as a [K, 2] column
+        if dynamic.counter is not None:  # the counter table: keys not admitted yet, with their counts
+            result.append(HashFamily(dynamic.counter, [dynamic.counter_usage], counter_key(family.name),
+                                     whole_in_deltas=True))
+    return result
+
+
+def counter_key(name: str) -> str:
+    """The checkpoint name of hash table ``name``'s counter table (``<it>/keys`` and ``<it>/usage``)."""
+    return f"{name}/admission"
 
 
 def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
     """Adds this worker's save of ``family`` (a no-op when it holds no key) and the row bounds."""
-    keys, rows = logical.held_rows(shard_of(family.variables[0]))
+    keys, rows = family.index.entries()
     family.save, family.row_splits = write_keyed(
         part_prefix, family.name, [checkpoint_key(v) for v in family.variables], keys,
         [logical.held_values(v, rows) for v in family.variables])

@@ -31,6 +31,9 @@ from collective.embedding import tables as table_registry
 from collective.embedding.layout import ShardLayout
 from collective.embedding.table import ShardInfo, shard_of
 
+TOMBSTONE_PART = "-tombstones"
+"""Suffix of the part file a worker writes a table's tombstones into (beside its ``-delta<t>`` part)."""
+
 
 @dataclasses.dataclass
 class DeltaTable:
@@ -43,10 +46,25 @@ class DeltaTable:
     rows: tf.Tensor = None
     restore_block: tf.Operation = None
     block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # A hash table with a vocabulary policy: the keys evicted since the last save (written, then removed on restore).
+    tombstone_save: tf.Tensor = None
+    tombstone_splits: tf.Tensor = None
+    tombstone_restore: tf.Operation = None
+    tombstone_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def info(self) -> ShardInfo:
         return shard_of(self.variables[0])
+
+    @property
+    def dynamic(self):
+        """The table's vocabulary policy state (:mod:`collective.embedding.hash_table.dynamic`), else None."""
+        return getattr(self.info.hash_index, "dynamic", None)
+
+
+def tombstones_key(name: str) -> str:
+    """The name a delta stores table ``name``'s evicted keys under (``<it>/keys``)."""
+    return f"{name}/tombstones"
 
 
 def _table_of(var: tf.Variable) -> tf.Variable:
@@ -72,6 +90,8 @@ def group_tables(sharded: List[tf.Variable], names: Optional[Mapping[int, str]] 
             raise ValueError(f"table {table.name}: the checkpoint's var_list holds its optimizer slots but not the "
                              "table; save the table with its slots")
         table.variables.sort(key=lambda v: (v is not values[0], checkpoint_key(v, names)))
+        if table.dynamic is not None:
+            table.variables.append(table.dynamic.usage)
         result.append(table)
     return result
 
@@ -100,6 +120,10 @@ def build_save(table: DeltaTable, part_prefix: tf.Tensor, names: Optional[Mappin
     table.save, table.row_splits = hash_tables.write_keyed(
         part_prefix, table.name, [checkpoint_key(v, names) for v in table.variables], keys,
         [tf.gather(v, rows) for v in table.variables])
+    if table.dynamic is not None:
+        table.tombstone_save, table.tombstone_splits = hash_tables.write_keyed(
+            tf.strings.join([part_prefix, TOMBSTONE_PART]), tombstones_key(table.name), [],
+            table.dynamic.tombstones(), [])
 
 
 def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: int,
@@ -113,8 +137,24 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
         table.restore_block = logical.assign_owned(table.variables, info, keys, values)
     else:
         table.restore_block = logical.insert_rows(info.hash_index, table.variables, keys, values)
+    if table.dynamic is not None:
+        gone, _, table.tombstone_feed = hash_tables.read_keyed(prefix, tombstones_key(table.name), [], owner, [])
+        table.tombstone_restore = table.dynamic.remove(gone, touched_masks)
 
 
-def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:
-    """Writes ``table``'s rows stored in delta ``prefix`` over this worker's rows, block by block."""
+def touched_masks(values: tf.Variable) -> List:
+    """``[(value, variable)]`` of table ``values``'s per-row marks (mask, update times): an eviction moves them."""
+    return touched.row_state(values)
+
+
+def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,
+            tombstone_splits: Optional[np.ndarray] = None) -> None:
+    """Writes ``table``'s rows stored in delta ``prefix`` over this worker's rows, block by block.
+
+    A hash table with a policy first drops the keys the delta marks evicted
+    (``tombstone_splits``: their stored bounds); keys written again later are then re-inserted.
+    """
+    if table.tombstone_restore is not None and tombstone_splits is not None:
+        hash_tables.run_blocks(sess, table.tombstone_restore, table.tombstone_feed, prefix_tensor, prefix,
+                               tombstone_splits)
     hash_tables.run_blocks(sess, table.restore_block, table.block_feed, prefix_tensor, prefix, splits)

@@ -8,16 +8,16 @@ same rows. A table with a hash-table vocabulary (``ShardInfo.hash_index``)
 holds keys at the local rows its index gives them.
 
 - :func:`held_rows` / :func:`held_values`: the keys this worker holds and their rows;
-- :func:`gather_on_rank0`: the whole logical table, keys ascending, on worker 0 (a collective);
+- :func:`gather_on_rank0`: the whole logical table (or chosen rows), keys ascending, on worker 0 (a collective);
 - :func:`keep_owned`: of restored keys and rows, those this worker owns under its world size;
-- :func:`assign_owned`: writes owned rows into the shards (a hash table's index is refilled);
+- :func:`assign_owned`: writes owned rows into the shards (a hash table's index is refilled, or only updated);
 - :func:`insert_rows`: inserts keys into a hash index and writes their rows;
 - :func:`assign_slot_rows`: a hash table's slot: rows at the index's rows of the keys, the rest reset.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -38,14 +38,20 @@ def held_values(table: tf.Variable, rows: Optional[tf.Tensor]) -> tf.Tensor:
     return tf.convert_to_tensor(table) if rows is None else tf.gather(table, rows)
 
 
-def gather_on_rank0(info: ShardInfo, tables: Sequence[tf.Variable]) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+def gather_on_rank0(info: ShardInfo, tables: Sequence[tf.Variable],
+                    selected: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     """``(keys, [rows of each of tables])`` of the whole logical table on worker 0, keys ascending.
 
     ``tables`` share ``info``'s rows (the values variable, its slots). The
-    other workers get no rows. A collective: every worker calls it, for the
+    other workers get no rows. ``selected`` (bool per local row) keeps only
+    those rows of every worker. A collective: every worker calls it, for the
     same tables in the same order.
     """
     keys, rows = held_rows(info)
+    if selected is not None:
+        rows = tf.range(info.local_rows, dtype=tf.int64) if rows is None else rows
+        keep = tf.gather(selected, rows)
+        keys, rows = tf.boolean_mask(keys, keep), tf.boolean_mask(rows, keep)
     keys = _to_rank0(keys)
     order = tf.argsort(keys)
     return tf.gather(keys, order), [tf.gather(_to_rank0(held_values(t, rows)), order) for t in tables]
@@ -68,12 +74,14 @@ def keep_owned(layout: ShardLayout, keys: tf.Tensor,
 
 
 def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor,
-                 values: Sequence[tf.Tensor]) -> tf.Operation:
+                 values: Sequence[tf.Tensor], update_only: Union[bool, tf.Tensor] = False) -> tf.Operation:
     """Writes this worker's ``keys`` (which it owns) with one ``[keys, dim]`` tensor of ``values`` per table.
 
     ``tables`` is the values variable (and its slots). A table without a hash
     table writes those rows and keeps the others; a hash table's index is
-    emptied and then holds exactly ``keys``. Eagerly it has run on return.
+    emptied and then holds exactly ``keys``, or with ``update_only`` (a bool,
+    or a bool tensor in a graph) keeps its other keys and inserts or updates
+    ``keys``. Eagerly it has run on return.
     """
     keys = tf.reshape(keys, [-1])
     values = [tf.reshape(v, [-1, info.dim]) for v in values]
@@ -82,9 +90,19 @@ def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor
         local = info.layout.local_row(keys)
         return tf.group(*[t.scatter_update(tf.IndexedSlices(v, local)) for t, v in zip(tables, values)])
     if tf.executing_eagerly():
-        index.clear()
+        if not bool(update_only):
+            index.clear()
         return insert_rows(index, list(tables), keys, values)
-    with tf.control_dependencies([index.clear()]):
+    if isinstance(update_only, bool):
+        cleared = [] if update_only else [index.clear()]
+    else:  # known when the graph runs
+
+        def clear():
+            with tf.control_dependencies([index.clear()]):
+                return tf.constant(True)
+
+        cleared = [tf.cond(update_only, lambda: tf.constant(True), clear)]
+    with tf.control_dependencies(cleared):
         return insert_rows(index, list(tables), keys, values)
 
 

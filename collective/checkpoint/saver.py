@@ -204,12 +204,24 @@ class Saver(saver_lib.Saver):
             rep_names.append(row_splits_key(table.name))
             rep_specs.append("")
             rep_tensors.append(table.row_splits)
+            if table.tombstone_splits is not None:
+                rep_names.append(row_splits_key(incremental.tombstones_key(table.name)))
+                rep_specs.append("")
+                rep_tensors.append(table.tombstone_splits)
             with tf.name_scope("restore_delta"):
                 incremental.build_restore(table, self._delta_prefix, comm.rank(), comm.world_size(), self._names)
+        # Counter tables of vocabulary policies: whole in every delta, by the full save's ops (fed the delta's part).
+        self._whole_in_deltas = [(t, f) for t, f in enumerate(self._families) if f.whole_in_deltas]
+        for _, family in self._whole_in_deltas:
+            rep_names.append(row_splits_key(family.name))
+            rep_specs.append("")
+            rep_tensors.append(family.row_splits)
         self._delta_replicated_save = io_ops.save_v2(self._delta_replicated, rep_names, rep_specs, rep_tensors)
         self._delta_dense_restore = (saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
             self._delta_prefix, saveables, restore_sequentially=False, reshape=False) if saveables else tf.no_op())
-        self._clear_touched = touched.clear([table.variables[0] for table in self._delta_tables])
+        # After every committed save or restore: nothing is marked, and policy tables remember the keys they hold.
+        self._clear_touched = tf.group(touched.clear([table.variables[0] for table in self._delta_tables]),
+                                       *[t.dynamic.snapshot() for t in self._delta_tables if t.dynamic is not None])
 
     # ------------------------------------------------------------------ save
 
@@ -311,8 +323,10 @@ class Saver(saver_lib.Saver):
     def _write_delta_parts(self, sess, parts_dir: str, part: str, replicated_part: str) -> List[int]:
         """Writes this worker's part of a delta (and on rank 0 the replicated variables); returns rows per table."""
         tf.io.gfile.makedirs(parts_dir)
-        fetches = {"saves": [t.save for t in self._delta_tables], "splits": [t.row_splits for t in self._delta_tables]}
-        feed = {self._delta_part: part}
+        fetches = {"saves": [t.save for t in self._delta_tables], "splits": [t.row_splits for t in self._delta_tables],
+                   "tombstones": [t.tombstone_save for t in self._delta_tables if t.tombstone_save is not None]}
+        feed = {self._delta_part: part, self._part_prefix: part}
+        fetches["whole"] = [family.save for _, family in self._whole_in_deltas]
         if comm.rank() == 0:
             fetches["replicated"] = self._delta_replicated_save
             feed[self._delta_replicated] = replicated_part
@@ -320,8 +334,10 @@ class Saver(saver_lib.Saver):
 
     def _commit_delta(self, sess, prefix, parts_dir, n, step, rows) -> None:
         """Rank 0: merges the delta's parts, then writes its manifest (the commit)."""
-        parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}")
-                 for s in range(n) for t in range(len(self._delta_tables))]
+        parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-delta{t}{suffix}") for s in range(n)
+                 for t in range(len(self._delta_tables)) for suffix in ("", incremental.TOMBSTONE_PART)]
+        parts += [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}-hash{t}") for s in range(n)
+                  for t, _ in self._whole_in_deltas]
         parts = [p for p in parts if tf.io.gfile.exists(p + ".index")] + [os.path.join(parts_dir, "replicated")]
         manifest.remove_delta(prefix)  # an uncommitted bundle of a killed save, or this step's delta saved before
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: prefix})
@@ -418,8 +434,12 @@ class Saver(saver_lib.Saver):
             logger.info("Restoring incremental checkpoint %s", delta)
             reader = tf.compat.v1.train.NewCheckpointReader(delta)
             for table in self._delta_tables:
-                incremental.restore(sess, table, delta, self._delta_prefix,
-                                    stored_row_splits(reader, {}, table.name))
+                tombstones = incremental.tombstones_key(table.name)
+                incremental.restore(sess, table, delta, self._delta_prefix, stored_row_splits(reader, {}, table.name),
+                                    stored_row_splits(reader, {}, tombstones) if table.dynamic is not None else None)
+            for _, family in self._whole_in_deltas:
+                hash_tables.restore(sess, family, delta, self._restore_prefix,
+                                    stored_row_splits(reader, {}, family.name))
         if chain.deltas:
             sess.run(self._delta_dense_restore, {self._delta_prefix: chain.deltas[-1]})
         self._start_chain(sess, chain.base)

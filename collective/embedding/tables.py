@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collective.context import Context
 
 __all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
-           "current_shard", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
+           "current_shard", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
 
 _local = threading.local()
 
@@ -71,6 +71,11 @@ def current_shard() -> Optional[ShardInfo]:
 def deriving_from() -> Optional[tf.Variable]:
     """The sharded table whose slot is being created now, if any (its slot is per-worker: never broadcast)."""
     return getattr(_local, "deriving", None)
+
+
+def deriving(table: tf.Variable):
+    """Marks the variables created inside the block as per-worker state of ``table`` (never broadcast or sharded)."""
+    return _set("deriving", table)
 
 
 def slot_owner(var) -> Optional[tf.Variable]:

@@ -17,6 +17,14 @@
   workers that had data in the step. Checkpoints: every worker calls the
   checkpoint saver at the same steps (:class:`collective.integration.session.CheckpointSaverHook`;
   ``save_checkpoints_secs`` is agreed on by all workers after each step).
+  Incremental checkpoints (deltas) between them: ``incremental_save_steps``
+  or ``incremental_save_secs`` here, or an
+  :class:`~collective.integration.incremental.IncrementalSaverHook` in the
+  ``EstimatorSpec``'s ``training_hooks`` or ``training_chief_hooks`` (saving
+  hooks among the chief hooks run on every worker); ``train`` then resumes
+  from the newest complete chain. ``evaluate`` and ``predict`` restore the
+  newest complete step (:func:`collective.checkpoint.latest_incremental_checkpoint`)
+  unless given ``checkpoint_path``; ``export_saved_model`` exports full checkpoints only.
 - Evaluation: ``tf.compat.v1.metrics`` variables (loss mean, AUC, accuracy,
   the user's ``eval_metric_ops``) are summed over workers before the final
   values are read, so every worker returns the metrics of all workers' data.
@@ -35,7 +43,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from collective import checkpoint, comm, context
+from collective.checkpoint import manifest
 from collective.integration import hooks as hooks_lib, session as session_lib, sync
+from collective.integration.incremental import IncrementalSaverHook
 from collective.runtime import heartbeat, preemption
 from collective.embedding import hash_table
 from collective.tf_internals import estimator_lib, function_utils, patches
@@ -45,10 +55,13 @@ ModeKeys = tf.estimator.ModeKeys
 
 
 def build_estimator(strategy, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
-                    throughput_every_n_steps: Optional[int] = None) -> "CollectiveEstimator":
+                    throughput_every_n_steps: Optional[int] = None, incremental_save_steps: Optional[int] = None,
+                    incremental_save_secs: Optional[float] = None) -> "CollectiveEstimator":
     """The Estimator ``CollectiveStrategy.estimator`` returns (see :class:`CollectiveEstimator`)."""
     return CollectiveEstimator(strategy, model_fn, model_dir, config=config, params=params,
-                               shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps)
+                               shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps,
+                               incremental_save_steps=incremental_save_steps,
+                               incremental_save_secs=incremental_save_secs)
 
 
 def shared_temporary_model_dir() -> str:
@@ -81,10 +94,20 @@ class CollectiveEstimator:
       throughput_every_n_steps: interval of the default
         :class:`collective.integration.hooks.ThroughputHook` (default
         ``config.log_step_count_steps``, else 100).
+      incremental_save_steps / incremental_save_secs: write an incremental
+        checkpoint (delta) this often while training, on every worker
+        (at most one of them; see docs/checkpoints.md). Full checkpoints
+        follow ``config`` as usual; without one yet, the first delta due
+        writes a full checkpoint instead.
     """
 
     def __init__(self, strategy, model_fn: Callable, model_dir: Optional[str], config=None, params=None, *,
-                 shard_input: bool = False, throughput_every_n_steps: Optional[int] = None):
+                 shard_input: bool = False, throughput_every_n_steps: Optional[int] = None,
+                 incremental_save_steps: Optional[int] = None, incremental_save_secs: Optional[float] = None):
+        if incremental_save_steps is not None and incremental_save_secs is not None:
+            raise ValueError("strategy.estimator: give at most one of incremental_save_steps and "
+                             f"incremental_save_secs (got {incremental_save_steps!r} and {incremental_save_secs!r})")
+        self._incremental = (incremental_save_steps, incremental_save_secs)
         self._strategy = strategy
         self._user_model_fn = model_fn
         self._shard_input = shard_input
@@ -144,17 +167,24 @@ class CollectiveEstimator:
         return self
 
     def evaluate(self, input_fn, steps=None, hooks=None, checkpoint_path=None, name=None):
-        """``Estimator.evaluate`` over all workers' data; every worker returns the same metrics."""
+        """``Estimator.evaluate`` over all workers' data; every worker returns the same metrics.
+
+        Without ``checkpoint_path`` it evaluates the newest complete step: the
+        newest delta chained to the latest full checkpoint, else that one.
+        """
         with self._running(), heartbeat.phase("evaluate"):
             return self._estimator.evaluate(self._input_fn(input_fn), steps=steps, hooks=hooks,
-                                            checkpoint_path=checkpoint_path, name=name)
+                                            checkpoint_path=checkpoint_path or self._newest_step(), name=name)
 
     def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,
                 yield_single_examples=True) -> Iterator:
-        """``Estimator.predict``: yields this worker's predictions. Every worker must exhaust the generator."""
+        """``Estimator.predict``: yields this worker's predictions. Every worker must exhaust the generator.
+
+        Without ``checkpoint_path`` it restores the newest complete step, as :meth:`evaluate` does.
+        """
         with self._running(), heartbeat.phase("evaluate"):
             yield from self._estimator.predict(self._input_fn(input_fn), predict_keys=predict_keys, hooks=hooks,
-                                               checkpoint_path=checkpoint_path,
+                                               checkpoint_path=checkpoint_path or self._newest_step(),
                                                yield_single_examples=yield_single_examples)
 
     def export_saved_model(self, export_dir_base, serving_input_receiver_fn, assets_extra=None, as_text=False,
@@ -172,10 +202,18 @@ class CollectiveEstimator:
         if not checkpoint_path:
             raise ValueError(f"no checkpoint in model_dir {self.model_dir!r} to export; train first or pass "
                              "checkpoint_path")
+        if manifest.is_delta(checkpoint_path):
+            raise ValueError(f"export_saved_model exports full checkpoints; {checkpoint_path} is an incremental "
+                             "checkpoint (a delta). Pass a full one (estimator.latest_checkpoint()), or restore the "
+                             "chain and save it whole (collective.checkpoint.Saver.save) first")
         with self._running(), heartbeat.phase("export"):
             return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
                                            serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
                                            as_text=as_text)
+
+    def _newest_step(self) -> Optional[str]:
+        """The newest complete checkpoint of model_dir: its newest delta chained to the latest full one, else that."""
+        return checkpoint.latest_incremental_checkpoint(self.model_dir)
 
     def train_and_evaluate(self, train_spec, eval_spec):
         """Trains to ``train_spec.max_steps``, then evaluates once and runs the exporters.
@@ -275,7 +313,11 @@ class CollectiveEstimator:
         else:
             loss = comm.allreduce(spec.loss, "average")
             samples = None
-        hooks = list(spec.training_hooks)
+        # Saving hooks run on every worker (each saves its own rows), chief hooks or not; deltas after full saves.
+        chief_hooks = [h for h in spec.training_chief_hooks if not _saves(h)]
+        saving = [h for h in spec.training_chief_hooks if _saves(h)]
+        hooks = [h for h in spec.training_hooks if not isinstance(h, IncrementalSaverHook)]
+        hooks += [h for h in saving if not isinstance(h, IncrementalSaverHook)]
         hooks.append(hooks_lib.ThroughputHook(self._throughput_every, samples=samples, loss=loss))
         hooks.append(heartbeat.HeartbeatHook())
         config = self._user_config
@@ -284,7 +326,20 @@ class CollectiveEstimator:
                 self._estimator.model_dir, save_secs=config.save_checkpoints_secs,
                 save_steps=config.save_checkpoints_steps, scaffold=scaffold,
                 save_graph_def=config.checkpoint_save_graph_def))
-        return spec._replace(loss=loss, training_hooks=hooks, scaffold=scaffold)
+        hooks += [h for h in list(spec.training_hooks) + saving if isinstance(h, IncrementalSaverHook)]
+        steps, secs = self._incremental
+        if steps is not None or secs is not None:
+            hooks.append(IncrementalSaverHook(self._estimator.model_dir, incremental_save_steps=steps,
+                                              incremental_save_secs=secs, scaffold=scaffold))
+        if not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+            # Hooks made in model_fn without a saver or scaffold find the one this graph restores and saves with.
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, scaffold.saver)
+        return spec._replace(loss=loss, training_hooks=hooks, training_chief_hooks=chief_hooks, scaffold=scaffold)
+
+
+def _saves(hook) -> bool:
+    """Whether ``hook`` writes checkpoints that every worker must write together (collective's saving hooks)."""
+    return isinstance(hook, (session_lib.CheckpointSaverHook, IncrementalSaverHook))
 
 
 class _Estimator(tf.compat.v1.estimator.Estimator):

@@ -38,8 +38,9 @@ from typing import Callable, List, Sequence, Set
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint import touched
+from collective.checkpoint import incremental, touched
 from collective.embedding import gradient_norms, tables
+from collective.embedding.hash_table import dynamic as dynamic_vocabulary
 from collective.embedding.table import shard_of
 from collective.tf_internals import keras_compute_gradients, keras_optimizers, optimizer_lib, patches, variable_v1, \
     variables
@@ -211,27 +212,17 @@ def averaged_compute(optimizer, compute: Callable, *args, **kwargs):
 def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once.
 
-    In graph mode the result also marks the table rows the update can change,
-    for incremental checkpoints (:mod:`collective.checkpoint.touched`).
+    The result also marks the table rows the update can change, for
+    incremental checkpoints (:mod:`collective.checkpoint.touched`), and then
+    runs the eviction of hash tables with a vocabulary policy when it is due
+    (:mod:`collective.embedding.hash_table.dynamic`).
     """
-    tables.watch_slots(optimizer)
+    tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     pairs = average_gradients(grads_and_vars)
-    result = apply(pairs, *args, **kwargs)
-    marks = touched.mark(optimizer, pairs)
-    return _with(result, marks) if marks else result
-
-
-def _with(result, ops: List[tf.Operation]):
-    """``result`` (an op, a tensor or a variable an ``apply_gradients`` returned) that also runs ``ops``."""
-    if isinstance(result, tf.Operation):
-        return tf.group(result, *ops, name=result.name.split(":")[0].split("/")[-1] + "_and_mark_rows")
-    if isinstance(result, tf.Tensor):
-        with tf.control_dependencies(ops):
-            return tf.identity(result)
-    if isinstance(result, tf.Variable) or result is None:
-        with tf.control_dependencies(ops + ([result.op] if result is not None and hasattr(result, "op") else [])):
-            return tf.group(*ops) if result is None else tf.identity(result)
-    return result
+    done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
+    after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
+    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks)
+    return touched.run_with(done, upkeep) if upkeep else done
 
 
 def averaging_method(owner, attribute: str, averager: Callable) -> Callable:

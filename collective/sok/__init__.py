@@ -22,7 +22,7 @@ from collective.sok.init import Init, UnsupportedStrategyError
 from collective.sok.optimizers import LazyAdamOptimizer
 from collective.sok.saver import Saver
 from collective.sok.utils import OptimizerScope, split_embedding_variable_from_others
-from collective.sok.v2_dump import dump, load  # SOK v2
+from collective.sok.v2_dump import dump, incremental_dump, load  # SOK v2 (incremental_dump: SOK 2.1)
 from collective.sok.v2_lookup import lookup_sparse
 from collective.sok.v2_optimizer import OptimizerWrapper
 from collective.sok.v2_variables import DynamicVariable, Variable, filter_variables, init
@@ -30,4 +30,4 @@ from collective.sok.v2_variables import DynamicVariable, Variable, filter_variab
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Init", "LazyAdamOptimizer", "OptimizerScope",
            "Saver", "UnsupportedStrategyError", "checkpoint_path", "optimizers",
            "split_embedding_variable_from_others", "DynamicVariable", "OptimizerWrapper", "Variable", "dump",
-           "filter_variables", "init", "load", "lookup_sparse"]
+           "filter_variables", "incremental_dump", "init", "load", "lookup_sparse"]

@@ -5,6 +5,8 @@ the workers that read its rows (the exchange's backward pass), so the wrapper
 applies it locally, without any further aggregation; the wrapped optimizer's
 own sparse update runs on this worker's rows and slots. The optimizer's
 slots of SOK variables checkpoint as their tables do (:mod:`collective.sok.slots`).
+It marks the rows it updates, with their update time, for
+``sok.incremental_dump`` and incremental checkpoints (:mod:`collective.checkpoint.touched`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Dict, Iterable, Tuple
 
 import tensorflow as tf
 
+from collective.checkpoint import touched
 from collective.embedding.table import shard_of
 from collective.sok import slots as sok_slots
+from collective.tf_internals import patches
 
 
 class OptimizerWrapper:
@@ -33,7 +37,7 @@ class OptimizerWrapper:
         return self._optimizer
 
     def apply_gradients(self, grads_and_vars: Iterable[Tuple], **kwargs):
-        """Applies each gradient to its SOK variable on this worker's rows."""
+        """Applies each gradient to its SOK variable on this worker's rows and marks the rows updated."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         for _, var in pairs:
             if shard_of(var) is None:
@@ -44,7 +48,9 @@ class OptimizerWrapper:
         else:
             applied = self._optimizer.apply_gradients(pairs, **kwargs)
         sok_slots.hook_slots(self._optimizer, [v for _, v in pairs])  # slots made before the wrapper saw them
-        return applied
+        if patches.active():  # inside CollectiveStrategy.scope() the optimizer's own apply_gradients marks them
+            return applied
+        return touched.applied_and_marked(self._optimizer, pairs, applied)
 
     def slots(self, var) -> Dict[str, tf.Variable]:
         """``{slot name: slot variable}`` of ``var`` (shaped like its local rows); empty before the first step."""

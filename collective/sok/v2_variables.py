@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm, context
+from collective.checkpoint import touched
 from collective.embedding import hash_table
 from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
 from collective.sok.checkpoint import not_saved, save_logical
@@ -92,8 +93,9 @@ def Variable(initial_value=None, shape=None, initializer=None, dtype=None, name:
     else:
         var = tf.compat.v1.get_variable(name, initializer=local, trainable=trainable, dtype=dtype,
                                         use_resource=True)
-    return save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
-                                           rank=ctx.rank, world_size=ctx.world_size)))
+    var = save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
+                                          rank=ctx.rank, world_size=ctx.world_size)))
+    return touched.record_update_times(var)  # for sok.incremental_dump
 
 
 def _dynamic_initializer(value, name: str):
@@ -121,8 +123,17 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
     A key's row is made on its first lookup in training, its first vector
     drawn from ``initializer`` (``"random"``, ``"ones"``, ``"zeros"``, a
     number or a Keras initializer). Each worker holds at most
-    ``max_capacity`` (else ``init_capacity``, else 65536) keys. ``var_type``
+    ``max_capacity`` (else ``init_capacity``, else 65536) keys: the table
+    is allocated at that size (no growth from ``init_capacity``). ``var_type``
     (SOK's storage: ``hbm``, ``hybrid``) does not change anything here.
+
+    HKV's ``evict_strategy`` (``"kLru"``/``"kLfu"``, or ``"lru"``/``"lfu"``)
+    makes a full table evict instead of failing; unlike HKV's per-bucket
+    eviction on insert, it runs every ``evict_every_steps`` global steps with
+    one threshold agreed by all workers
+    (:class:`~collective.embedding.hash_table.VocabularyPolicy`, whose other
+    options ``min_count``, ``steps_to_live``, ... are accepted as keyword
+    arguments too).
     """
     refuse_tf_distribute("sok.DynamicVariable")
     comm.init()
@@ -131,17 +142,33 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
     if tf.as_dtype(key_type) not in (tf.int64, tf.int32):
         raise ValueError(f"sok.DynamicVariable '{name}': key_type={key_type!r} must be tf.int64 or tf.int32")
     capacity = int(max_capacity or init_capacity or DEFAULT_CAPACITY)
+    policy = _policy_keywords(name, kwargs)
     with tf.init_scope():
         var = hash_table.hash_embedding_variable(name, int(dimension), capacity,
                                                  _dynamic_initializer(initializer, name), dtype=dtype,
-                                                 key_dtype=key_type)
+                                                 key_dtype=key_type, **policy)
     var.m_key_dtype = tf.as_dtype(key_type)
     index = hash_table.table_of(var)
     if isinstance(index, hash_table.HashTable):  # not in an export graph
         for state in index.variables:
             not_saved(state)
         save_logical(var)
-    return var
+    return touched.record_update_times(var)  # for sok.incremental_dump
+
+
+_HKV_STRATEGIES = {"klru": "lru", "klfu": "lfu", "lru": "lru", "lfu": "lfu"}
+
+
+def _policy_keywords(name: str, kwargs: dict) -> dict:
+    """The :class:`VocabularyPolicy` keyword arguments among ``DynamicVariable``'s extra ones (HKV's names mapped)."""
+    policy = {k: kwargs[k] for k in hash_table.POLICY_KEYWORDS if k in kwargs}
+    strategy = policy.get("evict_strategy")
+    if strategy is not None:
+        if str(strategy).lower() not in _HKV_STRATEGIES:
+            raise ValueError(f"sok.DynamicVariable '{name}': evict_strategy={strategy!r} is not supported; use "
+                             "'kLru' or 'kLfu' (HKV's epoch and customized scores have no N-invariant equivalent)")
+        policy["evict_strategy"] = _HKV_STRATEGIES[str(strategy).lower()]
+    return policy
 
 
 def is_sok_variable(var) -> bool:

@@ -84,7 +84,20 @@ def metric_ops(labels, logits):
             "mse": tf.compat.v1.metrics.mean_squared_error(labels, prob)}
 
 
-def make_model_fn(strategy):
+def sgd():
+    return tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE)
+
+
+def adagrad():
+    """Adagrad: updates only the gradient's rows and has a slot per variable (incremental checkpoint cases)."""
+    return tf.compat.v1.train.AdagradOptimizer(LEARNING_RATE)
+
+
+SLOTS = {sgd: (), adagrad: ("table/Adagrad", "w/Adagrad", "b/Adagrad")}
+
+
+def make_model_fn(strategy, optimizer=sgd, chief_hooks=lambda: []):
+    """The model trained by ``optimizer()``; ``chief_hooks()`` gives the EstimatorSpec's training_chief_hooks."""
     def model_fn(features, labels, mode, params):  # pylint: disable=unused-argument
         logits = logits_of(features, strategy)
         if mode == tf.estimator.ModeKeys.PREDICT:
@@ -93,8 +106,8 @@ def make_model_fn(strategy):
         if mode == tf.estimator.ModeKeys.EVAL:
             return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metric_ops(labels, logits))
         step = tf.compat.v1.train.get_or_create_global_step()
-        train_op = tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(loss, global_step=step)
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        train_op = optimizer().minimize(loss, global_step=step)
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_chief_hooks=chief_hooks())
 
     return model_fn
 
@@ -151,6 +164,12 @@ def reference_train(steps: Sequence[Sequence[Batch]], n: int):
 
     Returns (table, w, b) after all steps; with equal batches this is training on the global batch.
     """
+    state = reference_state(steps, n)
+    return state["table"], state["w"], state["b"]
+
+
+def reference_state(steps: Sequence[Sequence[Batch]], n: int, optimizer=sgd) -> Dict[str, np.ndarray]:
+    """:func:`reference_train` with ``optimizer()``: ``{name: value}`` of table, w, b and their slots (SLOTS)."""
     with tf.Graph().as_default():
         holders = [{"item": tf.compat.v1.placeholder(tf.int64, [None]),
                     "x": tf.compat.v1.placeholder(tf.float32, [None, FEATURES]),
@@ -160,7 +179,7 @@ def reference_train(steps: Sequence[Sequence[Batch]], n: int):
             for h in holders:
                 ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=h["label"], logits=logits_of(h))
                 losses.append(tf.reduce_sum(ce) / tf.maximum(tf.cast(tf.size(ce), tf.float32), 1.0))
-        train_op = tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(tf.add_n(losses) / n)
+        train_op = optimizer().minimize(tf.add_n(losses) / n)
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -169,7 +188,7 @@ def reference_train(steps: Sequence[Sequence[Batch]], n: int):
                 for h, batch in zip(holders, list(per_worker) + [concat([])] * (n - len(per_worker))):
                     feed.update({h[k]: batch[k] for k in h})
                 sess.run(train_op, feed)
-            return sess.run([variables["table"], variables["w"], variables["b"]])
+            return sess.run({name: variables[name] for name in ("table", "w", "b") + SLOTS[optimizer]})
 
 
 def reference_eval(batches: Sequence[Batch], table, w, b) -> Dict[str, float]:

@@ -1,11 +1,20 @@
-"""strategy.estimator train / evaluate / predict / train_and_evaluate, and ThroughputHook under
-MonitoredTrainingSession; writes rank<r>.npz.
+"""strategy.estimator train / evaluate / predict / train_and_evaluate, incremental checkpoints, and
+ThroughputHook under MonitoredTrainingSession; writes rank<r>.npz.
 
-argv: out_dir backend
+argv: out_dir backend previous_out_dir|-
+
+Incremental checkpoints (Adagrad, no full saves by config): ``inc`` trains 2
+steps with ``incremental_save_steps=1`` (a full checkpoint at step 1, a
+delta at 2), then 2 more in a second ``train`` call that resumes from the
+chain (deltas 3 and 4), then evaluates the chain end. With a previous
+launch's folder (another worker count), ``resume`` copies its ``inc`` model_dir and
+trains one more step with DeepRec's recipe, an incremental hook among the
+``training_chief_hooks``, recording the variables right after the restore.
 """
 
 import logging
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -14,23 +23,32 @@ import tensorflow as tf
 import estimator_cases as cases
 from collective import CollectiveStrategy, comm
 from collective.integration.hooks import ThroughputHook
+from collective.integration.incremental import IncrementalSaverHook
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-out_dir, backend = sys.argv[1], sys.argv[2]
+out_dir, backend, previous = sys.argv[1], sys.argv[2], sys.argv[3]
 strategy = CollectiveStrategy(backend)
 r, n = strategy.rank(), strategy.world_size()
 results = {}
 
 
 class CaptureHook(tf.compat.v1.train.SessionRunHook):
-    """Reads the model's variables (this worker's table shard among them) when training ends."""
+    """Reads the model's variables (this worker's table shard among them) when training ends.
 
-    def __init__(self, prefix, extra=()):
-        self.prefix = prefix
+    With ``at_start`` also right after the session is created (restored), as ``<prefix>_start/<name>``.
+    """
+
+    def __init__(self, prefix, extra=(), at_start=False):
+        self.prefix, self.at_start = prefix, at_start
         self.names = ("table", "w", "b", "global_step") + tuple(extra)
 
     def begin(self):
         self.fetch = {v.op.name: v for v in tf.compat.v1.global_variables() if v.op.name in self.names}
+
+    def after_create_session(self, session, coord):
+        if self.at_start:
+            for name, value in session.run(self.fetch).items():
+                results[f"{self.prefix}_start/{name}"] = value
 
     def end(self, session):
         for name, value in session.run(self.fetch).items():
@@ -76,6 +94,26 @@ with strategy.scope(), tf.Graph().as_default():
         tf.estimator.TrainSpec(input_fn(cases.even_batches(r, n)), max_steps=3, hooks=[CaptureHook("tae")]),
         tf.estimator.EvalSpec(input_fn(cases.eval_batches(r, n)), steps=None))
     save_eval("tae_eval", metrics)
+
+    # Incremental checkpoints: deltas every step, a restarted train() resumes from the chain; evaluate reads it.
+    no_full_saves = tf.estimator.RunConfig(save_checkpoints_steps=None, save_checkpoints_secs=None,
+                                           log_step_count_steps=1)
+    slots = cases.SLOTS[cases.adagrad]
+    batches = cases.even_batches(r, n)
+    est = strategy.estimator(cases.make_model_fn(strategy, cases.adagrad), os.path.join(out_dir, "inc"),
+                             config=no_full_saves, incremental_save_steps=1)
+    est.train(input_fn(batches[:2]))
+    est.train(input_fn(batches[2:]), hooks=[CaptureHook("inc", slots, at_start=True)])
+    save_eval("inc_eval", est.evaluate(input_fn(cases.eval_batches(r, n))))
+    if previous != "-":
+        # DeepRec's Estimator recipe: the incremental saver among the chief hooks; the chain of another worker count.
+        resume_dir = os.path.join(out_dir, "resume")
+        if r == 0:
+            shutil.copytree(os.path.join(previous, "inc"), resume_dir)
+        comm.broadcast_string("copied")
+        est = strategy.estimator(cases.make_model_fn(strategy, cases.adagrad, chief_hooks=lambda: [
+            IncrementalSaverHook(resume_dir, incremental_save_steps=1)]), resume_dir, config=no_full_saves)
+        est.train(input_fn(batches[:1]), hooks=[CaptureHook("resume", slots, at_start=True)])
 
     # ThroughputHook under MonitoredTrainingSession on a dense-only model: a known byte model.
     with tf.Graph().as_default():

@@ -11,9 +11,18 @@ summed over workers, SOK gradients applied by sok.OptimizerWrapper. The twin
 whole global batch. After Adam the tables and slots are dumped with sok.dump
 into out_dir/dump; with a previous run's folder, fresh tables load that dump
 (written on another number of workers) and their rows and slots are recorded.
+
+Incremental dumps: with Adagrad (row-local, one slot) a full sok.dump after
+step 0, sok.incremental_dump after step 2 (keys updated since the full dump,
+time as UNIX seconds) and after step 3 (since the first one, as a datetime);
+the next launch loads the three in order and records the tables and slots.
+The Adam tables (every row moves) and the TF1 SGD graph count the keys an
+incremental dump holds for a time before and after their training.
 """
+import datetime
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -71,10 +80,16 @@ def inputs(step, lo, hi):
     return [a, sparse["b"], sparse["c"]], tf.constant(labels[lo:hi])
 
 
-def train(kind):
-    """The SOK program with ``kind`` ('adam' or 'sgd'); returns its tables, dense layer and wrapper."""
+OPTIMIZERS = {"adam": lambda: tf.keras.optimizers.Adam(0.05), "sgd": lambda: tf.keras.optimizers.SGD(0.5),
+              "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1)}
+
+
+def train(kind, steps=cases.STEPS, after_step=None):
+    """The SOK program with ``kind`` (an OPTIMIZERS key); ``after_step(s, tables, wrapper)`` runs after each step.
+
+    Returns its tables and wrapper."""
     tables = make_tables(kind)
-    make = (lambda: tf.keras.optimizers.Adam(0.05)) if kind == "adam" else (lambda: tf.keras.optimizers.SGD(0.5))
+    make = OPTIMIZERS[kind]
     wrapper, dense_opt = sok.OptimizerWrapper(make()), make()
     w0, b0 = cases.dense_weights()
     kernel, bias = tf.Variable(w0), tf.Variable(b0)
@@ -92,12 +107,27 @@ def train(kind):
         dense_opt.apply_gradients(zip(dense, other))
         return loss
 
-    for s in range(cases.STEPS):
+    for s in range(steps):
         ids, labels = inputs(s, rank * local, (rank + 1) * local)
         step(ids, labels)
+        if after_step is not None:
+            after_step(s, tables, wrapper)
     record(kind, tables, wrapper)
     results[f"{kind}/kernel"], results[f"{kind}/bias"] = kernel.numpy(), bias.numpy()
     return tables, wrapper
+
+
+def dump_incrementally(s, tables, wrapper):
+    """A full dump after step 0, incremental dumps after steps 2 (UNIX seconds) and 3 (a datetime)."""
+    folder = os.path.join(out_dir, "inc")
+    if s == 0:
+        sok.dump(os.path.join(folder, "full"), tables, wrapper)
+        results["since"] = np.array(time.time())
+    elif s in (2, 3):
+        since = float(results["since"]) if s == 2 else datetime.datetime.fromtimestamp(float(results["since"]))
+        counts = sok.incremental_dump(os.path.join(folder, f"after{s}"), since, tables, wrapper)
+        results[f"inc_counts/after{s}"] = np.array(list(counts.values()))  # in the order of tables
+        results["since"] = np.array(time.time())
 
 
 def twin_loss(tables, sparse_ids, kernel, bias, labels):
@@ -141,8 +171,14 @@ def error_of(fn):
     return ""
 
 
+began = time.time()
 adam_tables, adam_wrapper = train("adam")
+# Adam moves every row at each step: every key counts as updated since training began, none since it ended.
+results["adam_inc_counts"] = np.array([list(sok.incremental_dump(
+    os.path.join(out_dir, f"adam_inc_{name}"), since, adam_tables, adam_wrapper).values())
+    for name, since in (("began", began), ("ended", time.time()))])
 train("sgd")
+train("adagrad", steps=4, after_step=dump_incrementally)
 if rank == 0:
     twin("adam")
     twin("sgd")
@@ -153,6 +189,13 @@ if previous != "-":
     wrapper.optimizer.build(loaded)
     sok.load(os.path.join(previous, "dump"), loaded, wrapper)
     record("loaded", loaded, wrapper)
+    # The previous launch's full dump, then its incremental dumps in order.
+    loaded = make_tables("adagrad")
+    wrapper = sok.OptimizerWrapper(OPTIMIZERS["adagrad"]())
+    wrapper.optimizer.build(loaded)
+    for name in ("full", "after2", "after3"):
+        sok.load(os.path.join(previous, "inc", name), loaded, wrapper)
+    record("inc_loaded", loaded, wrapper)
 
 bad_ids, _ = inputs(0, 0, cases.GLOBAL_BATCH)
 results["error/combiner"] = np.array(error_of(
@@ -191,6 +234,8 @@ def tf1_phase():
             train_op = tf.group(wrapper.apply_gradients(zip(grads[:len(sok_vars)], sok_vars)),
                                 dense_opt.apply_gradients(zip(dense, other)))
             dump_op = sok.dump(os.path.join(out_dir, "dump_tf1"), tables, wrapper)
+            since = v1.placeholder(tf.float64, [])
+            inc_counts = sok.incremental_dump(os.path.join(out_dir, "inc_tf1", kind), since, tables, wrapper)
             with v1.Session() as sess:
                 sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
                 for s in range(cases.STEPS):
@@ -201,6 +246,8 @@ def tf1_phase():
                         feed[ph] = _feed_value(batch[k][lo:hi])
                     sess.run(train_op, feed)
                 sess.run(dump_op)
+                results[f"tf1_{kind}/inc_counts"] = np.array([
+                    [sess.run(inc_counts, {since: t})[k] for k in inc_counts] for t in (0.0, time.time())])
                 for name, var in zip("abc", tables):
                     info = shard_of(var)
                     if info.hash_index is None:

@@ -13,6 +13,8 @@ worker ``floormod(k, N)``. Each worker holds a values variable
 - :mod:`.lookup_mode`: training lookups insert unseen keys, lookups inside
   :func:`inference` (evaluation, prediction) give them a zero vector without
   inserting them, which is also what an exported SavedModel serves;
+- :mod:`.policy`: :class:`VocabularyPolicy`, admission and eviction defined once;
+  :mod:`.dynamic` carries it out (counts, counter table, eviction, row reuse);
 - :mod:`.local_variables`: per-worker variables no sharding getter touches.
 
 A key's first vector is a function of the key alone
@@ -23,13 +25,14 @@ the same vectors.
 from collective.embedding.hash_table.export import ExportedTable, export_index, export_variable, exported
 from collective.embedding.hash_table.index import (DEFAULT_LOAD_FACTOR, HASH_INDEX_STATE_COLLECTION, HashTable,
                                                    home_slots, is_index_state)
+from collective.embedding.hash_table.policy import POLICY_KEYWORDS, VocabularyPolicy
 from collective.embedding.hash_table.lookup_mode import for_mode, inference, is_training
 from collective.embedding.hash_table.variable import HASH_TABLES_COLLECTION, hash_embedding_variable, table_of
 
 __all__ = [
     "DEFAULT_LOAD_FACTOR", "HASH_INDEX_STATE_COLLECTION", "HASH_TABLES_COLLECTION",
     "HashTable", "home_slots", "is_index_state",
-    "hash_embedding_variable", "table_of",
+    "hash_embedding_variable", "table_of", "VocabularyPolicy", "POLICY_KEYWORDS",
     "ExportedTable", "export_index", "export_variable", "exported",
     "for_mode", "inference", "is_training",
 ]

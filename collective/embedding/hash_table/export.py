@@ -31,8 +31,9 @@ class ExportedTable:
     :meth:`owned_vectors` with TensorFlow ops only.
     """
 
-    def __init__(self, name: str, values: Optional[tf.Variable], index, rows: int):
+    def __init__(self, name: str, values: Optional[tf.Variable], index, rows: int, default_row=None):
         self.name, self.values, self.index, self.rows = name, values, index, rows
+        self.default_row = default_row  # what keys not held read (the policy's default_value); None: zeros
         self.capacity = rows
 
     def owned_vectors(self, values: tf.Variable, keys: tf.Tensor, training: Optional[bool] = None) -> tf.Tensor:
@@ -41,15 +42,19 @@ class ExportedTable:
         return self.lookup(tf.reshape(keys, [-1]))
 
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
-        """Row of each key in :meth:`padded` (row 0, the zero row, for keys not held: the index answers -1)."""
+        """Row of each key in :meth:`padded` (row 0, the default row, for keys not held: the index answers -1)."""
         return self.index.lookup(tf.cast(keys, tf.int64)) + 1
 
     def padded(self) -> tf.Tensor:
-        """The values with one zero row put first."""
-        return tf.concat([tf.zeros([1, self.values.shape[1]], self.values.dtype), self.values], axis=0)
+        """The values with the default row put first: zeros, or the table's policy's ``default_value``."""
+        if self.default_row is None:
+            default = tf.zeros([1, self.values.shape[1]], self.values.dtype)
+        else:
+            default = tf.constant([self.default_row], self.values.dtype)
+        return tf.concat([default, self.values], axis=0)
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Vectors of ``keys`` (any shape), zeros for keys not held."""
+        """Vectors of ``keys`` (any shape), the default row for keys not held."""
         return tf.gather(self.padded(), self.rows_of(keys))
 
 
@@ -72,18 +77,19 @@ def export_index(name: str, full_name: str) -> tf.lookup.experimental.MutableHas
     return index
 
 
-def export_variable(name: str, dim: int, dtype=tf.float32) -> tf.Variable:
+def export_variable(name: str, dim: int, dtype=tf.float32, default_row=None) -> tf.Variable:
     """The export form of hash table ``name``: a variable named as the table, ``[rows, dim]`` at first.
 
     ``rows`` comes from the checkpoint (:func:`collective.embedding.modes.export_rows`);
-    the static shape is ``[None, dim]``, so a restore may give it more rows.
+    the static shape is ``[None, dim]``, so a restore may give it more rows. Keys not held
+    read ``default_row`` (``dim`` numbers; None: zeros).
     """
     table_name = local_variables.full_name(name)
     rows = modes.export_rows(table_name)
     dtype = tf.as_dtype(dtype)
     values = local_variables.plain_variable(name, [None, int(dim)], dtype, lambda: tf.zeros([rows, int(dim)], dtype),
                                             [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
-    table = ExportedTable(table_name, values, export_index(name, table_name), rows)
+    table = ExportedTable(table_name, values, export_index(name, table_name), rows, default_row)
     values._collective_exported_hash_table = table  # pylint: disable=protected-access
     # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.
     values._collective_shard = ShardInfo(  # pylint: disable=protected-access

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.embedding import key_init
+from collective.embedding.hash_table import dynamic
 from collective.embedding.hash_table.local_variables import eager_variable, op_name, plain_variable
 from collective.embedding.hash_table.lookup_mode import is_training
 from collective.kernels.reference import EMPTY_KEY
@@ -63,7 +64,8 @@ class HashTable:
     """
 
     def __init__(self, name: str, dim: int, capacity: int, initializer=None, dtype=tf.float32,
-                 load_factor: float = DEFAULT_LOAD_FACTOR, index_scope: Optional[str] = None):
+                 load_factor: float = DEFAULT_LOAD_FACTOR, index_scope: Optional[str] = None,
+                 policy=None):
         self.name = name
         self.dim = int(dim)
         self.capacity = int(capacity)
@@ -72,6 +74,9 @@ class HashTable:
         self.initial_values = key_init.KeyInitializer(initializer, name, self.dim, self.capacity, self.dtype)
         self.values: Optional[tf.Variable] = None
         self._last_insert = None
+        self.load_factor = float(load_factor)
+        self.policy = policy
+        self.dynamic = None  # the policy's state and ops (:mod:`.dynamic`), when the table has a policy
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, HASH_INDEX_STATE_COLLECTION]
         if tf.executing_eagerly():
             scope = index_scope or name + "/hash_index"
@@ -80,6 +85,9 @@ class HashTable:
             self.rows_var = eager_variable(f"{scope}/rows", [self.num_slots + 1], tf.int64,
                                            tf.compat.v1.constant_initializer(-1))
             self.size_var = eager_variable(f"{scope}/size", [], tf.int64, tf.compat.v1.zeros_initializer())
+            if policy is not None:
+                raise NotImplementedError(f"hash table {name}: vocabulary policies (admission, eviction) work in "
+                                          "graph mode (tf.compat.v1 graphs) only")
             return
         with tf.compat.v1.variable_scope(index_scope or name + "/hash_index"):
             self.keys_var = plain_variable("keys", [self.num_slots + 1], tf.int64,
@@ -87,14 +95,17 @@ class HashTable:
             self.rows_var = plain_variable("rows", [self.num_slots + 1], tf.int64,
                                            tf.compat.v1.constant_initializer(-1), collections)
             self.size_var = plain_variable("size", [], tf.int64, tf.compat.v1.zeros_initializer(), collections)
+            if policy is not None:
+                self.dynamic = dynamic.DynamicVocabulary(self, policy, collections)
 
     def __repr__(self) -> str:
         return f"HashTable({self.name!r}, dim={self.dim}, capacity={self.capacity}, slots={self.num_slots})"
 
     @property
     def variables(self) -> List[tf.Variable]:
-        """The index's state variables (per-worker, not part of any logical table)."""
-        return [self.keys_var, self.rows_var, self.size_var]
+        """The index's state variables (per-worker, not part of any logical table), its policy's included."""
+        extra = self.dynamic.variables if self.dynamic is not None else []
+        return [self.keys_var, self.rows_var, self.size_var] + extra
 
     def size(self) -> tf.Tensor:
         """Keys held on this worker."""
@@ -135,29 +146,53 @@ class HashTable:
         keys = tf.cast(tf.reshape(keys, [-1]), tf.int64)
         with tf.control_dependencies(self._after_previous_insert()):
             keys = tf.identity(keys)
-            start = self.size_var.read_value()
         found = self.find(keys)
         missing = found < 0
         new_keys, which = tf.unique(tf.boolean_mask(keys, missing), out_idx=tf.int64)
-        count = tf.size(new_keys, out_type=tf.int64)
-        fits = tf.debugging.Assert(
-            start + count <= self.capacity,
-            [f"hash table {self.name} is full on worker {comm.rank()}: it holds "
-             f"capacity_per_worker={self.capacity} keys; keys in use and new keys in this batch:", start, count,
-             "Raise the capacity of the table (capacity_per_worker, or "
-             "EmbeddingVariableOption(capacity_per_worker=...) for categorical_column_with_embedding) above the "
-             "number of distinct keys a worker owns."])
-        with tf.control_dependencies([fits]):
-            new_keys, new_rows = tf.identity(new_keys), start + tf.range(count)
+        new_rows = self.append(new_keys)
+        with tf.control_dependencies([new_rows]):
+            at = tf.where(missing)
+            rows = tf.tensor_scatter_nd_update(found, at, tf.gather(new_rows, which))
+            new_keys = tf.identity(new_keys)
+        self._remember_insert(rows)
+        return rows, new_keys, new_rows
+
+    def append(self, new_keys: tf.Tensor, partial: bool = False) -> tf.Tensor:
+        """Rows for distinct keys the index does not hold: the next free rows, in order.
+
+        When they do not all fit it fails naming the table, leaving the index
+        unchanged; with ``partial`` the keys that do not fit get row -1 instead.
+        """
+        with tf.control_dependencies([new_keys]):  # after the inserts this one is ordered after
+            start = self.size_var.read_value()
+        wanted = tf.size(new_keys, out_type=tf.int64)
+        if partial:
+            count = tf.minimum(wanted, tf.maximum(self.capacity - start, 0))
+            new_keys = new_keys[:count]
+        else:
+            count = wanted
+            fits = tf.debugging.Assert(start + count <= self.capacity,
+                                       [self.full_message(), start, count, self.FULL_ADVICE])
+            with tf.control_dependencies([fits]):
+                new_keys = tf.identity(new_keys)
+        new_rows = start + tf.range(count)
         placed = self._place(new_keys, new_rows)
         with tf.control_dependencies([placed]):
             grown = self.size_var.assign_add(count, read_value=False)
         with tf.control_dependencies([grown]):
-            at = tf.where(missing)
-            rows = tf.tensor_scatter_nd_update(found, at, tf.gather(new_rows, which))
-            new_keys, new_rows = tf.identity(new_keys), tf.identity(new_rows)
-        self._remember_insert(rows)
-        return rows, new_keys, new_rows
+            return tf.concat([new_rows, -tf.ones([wanted - count], tf.int64)], axis=0)
+
+    def full_message(self) -> str:
+        """The error of a training batch whose new keys do not fit (its counts follow it)."""
+        return (f"hash table {self.name} is full on worker {comm.rank()}: it holds capacity_per_worker={self.capacity} "
+                "keys; keys in use and new keys in this batch:")
+
+    FULL_ADVICE = ("Raise the capacity of the table (capacity_per_worker=; EmbeddingVariableOption(capacity_per_worker="
+                   "...) for categorical_column_with_embedding; DynamicVariable(max_capacity=...)) above the number "
+                   "of distinct keys a worker owns, or bound the vocabulary with a policy: "
+                   "hash_embedding_variable(..., evict_strategy=lru or lfu, steps_to_live=..., min_count=...), "
+                   "EmbeddingVariableOption(filter_option=CounterFilter(...), evict_option=GlobalStepEvict(...)), "
+                   "DynamicVariable(evict_strategy=...) (docs/hash_tables.md, 'Dynamic vocabularies').")
 
     def _remember_insert(self, rows: tf.Tensor) -> None:
         """Orders later graph lookups after this insert (eager code runs in order anyway)."""
@@ -210,6 +245,15 @@ class HashTable:
         order = tf.argsort(rows)
         return tf.gather(keys, order), tf.gather(rows, order)
 
+    def rebuild(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
+        """Empties the index, then holds exactly ``keys`` (distinct) at ``rows`` (``0 .. len(keys) - 1``)."""
+        with tf.control_dependencies([keys, rows]):  # after whatever computed them read the index
+            cleared = self.clear()
+        with tf.control_dependencies([cleared]):
+            placed = self._place(tf.identity(keys), rows)
+        with tf.control_dependencies([placed]):
+            return self.size_var.assign(tf.size(keys, out_type=tf.int64), read_value=False)
+
     def clear(self) -> tf.Operation:
         """Empties the index (for a restore: re-insert keys with :meth:`find_or_insert`, then write values)."""
         return tf.group(self.keys_var.assign(tf.fill([self.num_slots + 1], tf.constant(EMPTY_KEY, tf.int64))),
@@ -225,6 +269,8 @@ class HashTable:
         inference lookups give unseen keys zeros.
         """
         training = is_training() if training is None else training
+        if self.dynamic is not None:
+            return self.dynamic.owned_vectors(values, keys, training)
         if training:
             rows, new_keys, new_rows = self._insert(keys)
             init = _scatter(values, new_rows, self.initial_values(new_keys))

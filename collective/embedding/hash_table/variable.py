@@ -18,6 +18,7 @@ from collective.embedding import modes
 from collective.embedding.hash_table.export import export_variable
 from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
 from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
+from collective.embedding.hash_table.policy import VocabularyPolicy, policy_from
 from collective.embedding.table import ShardInfo, shard_of, tag
 from collective.embedding.tables import creating_shard
 
@@ -41,7 +42,8 @@ def _find_existing(name: str) -> Optional[HashTable]:
 def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer=None,
                             dtype=tf.float32, key_dtype=tf.int64, trainable: bool = True,
                             load_factor: float = DEFAULT_LOAD_FACTOR,
-                            collections: Optional[Iterable[str]] = None) -> tf.Variable:
+                            collections: Optional[Iterable[str]] = None,
+                            policy: Optional[VocabularyPolicy] = None, **policy_keywords) -> tf.Variable:
     """A sharded embedding table with a hash-table vocabulary: keys of any int64 value.
 
     Inside ``CollectiveStrategy.scope()``, ``tf.nn.embedding_lookup`` and
@@ -62,6 +64,13 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
       trainable: whether optimizers train it.
       load_factor: fraction of the index's probe slots that may be filled.
       collections: collections of the values variable (default global variables).
+      policy: a :class:`~collective.embedding.hash_table.policy.VocabularyPolicy`
+        (admission, eviction, the full-table rule), or its fields as keyword
+        arguments: ``min_count``, ``counter_capacity``, ``counter_steps_to_live``,
+        ``default_value``, ``steps_to_live``, ``l2_weight_threshold``,
+        ``evict_every_steps``, ``evict_strategy`` (``"lru"``/``"lfu"``),
+        ``max_fill``, ``fill_after_evict``. Without one every key seen in
+        training gets a row and a full table fails.
 
     Returns:
       The values variable ``[capacity_per_worker, dim]``, tagged as a shard
@@ -75,9 +84,15 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
                         "hash string keys to int64 first (collective.hash_embedding_column does)")
     if int(capacity_per_worker) < 1:
         raise ValueError(f"hash table '{name}': capacity_per_worker must be >= 1, got {capacity_per_worker!r}")
+    policy = policy_from(full_name(name), policy, policy_keywords)
+    if policy is not None:
+        policy.check(full_name(name), dim)
     if modes.is_exporting():
-        return export_variable(name, dim, dtype)
+        return export_variable(name, dim, dtype, policy.default_row(dim) if policy is not None else None)
     if tf.executing_eagerly():
+        if policy is not None:
+            raise NotImplementedError(f"hash table '{name}': vocabulary policies (admission, eviction) work in graph "
+                                      "mode (tf.compat.v1 graphs) only")
         return _eager_hash_embedding_variable(name, dim, capacity_per_worker, initializer, dtype, trainable,
                                               load_factor)
     table_name = full_name(name)
@@ -92,7 +107,7 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
         values = plain_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
                                 tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
         table = HashTable(values.op.name, dim, capacity_per_worker, initializer, dtype, load_factor,
-                          index_scope=name + "/hash_index")
+                          index_scope=name + "/hash_index", policy=policy)
     table.values = values
     tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
     return tag(values, ShardInfo(name=values.op.name, vocab=info.vocab, dim=info.dim, rank=rank,

@@ -1,0 +1,265 @@
+"""Dynamic vocabularies (issue 31): admission, eviction by each policy, LRU/LFU at capacity, freed rows reused
+with their slots reset, on 1, 2 and 3 workers with the hb and sok backends. One launch per worker count runs
+every case; each worker count is compared key by key with the 1-worker run, and that run's decisions with a
+numpy model of the policy."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from launcher import load_rank_results, run_workers
+from workers import policy_cases as cases
+
+WORKERS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per worker count: the per-rank results (run once, in order 1, 2, 3)."""
+    base = pathlib.Path(tmp_path_factory.getbasetemp())
+    results, prev = {}, "-"
+    for n in WORKERS:  # each job restores the previous one's checkpoint chain: 1 -> 1, 1 -> 2, 2 -> 3
+        out = base / f"policy-{n}"
+        out.mkdir(parents=True, exist_ok=True)
+        run_workers("policy_worker.py", n, [out, prev], timeout=600)
+        results[n] = load_rank_results(out, n)
+        prev = out
+    return results
+
+
+def merged(res, prefix: str, field: str):
+    """``{key: row}`` of ``field`` over all ranks, checking each key is held once, by its owner."""
+    n = len(res)
+    out = {}
+    for r in range(n):
+        for key, row in zip(res[r][prefix + "keys"].tolist(), res[r][prefix + field]):
+            assert key % n == r and key not in out, f"key {key} on rank {r} of {n}"
+            out[key] = row
+    return out
+
+
+def held_per_step(res, prefix: str):
+    steps = []
+    for r in range(len(res)):
+        keys, splits = res[r][prefix + "held_per_step"], res[r][prefix + "held_splits"]
+        per = [set(keys[a:b].tolist()) for a, b in zip(splits[:-1], splits[1:])]
+        steps = per if not steps else [s | p for s, p in zip(steps, per)]
+    return steps
+
+
+def model_run(case: str, norms=None):
+    policy, _, steps, total = cases.CASES[case]
+    model = cases.PolicyModel(policy, total or 64)
+    held = []
+    for step in range(steps):
+        keys, _ = cases.global_batch(case, step)
+        model.lookup(keys, step)
+        model.after_update(step + 1, norms)
+        held.append(dict(model.held))
+    return model, held
+
+
+@pytest.mark.parametrize("backend,case", [run for run in cases.RUNS if run[1] != "l2"])
+def test_one_worker_decides_as_the_numpy_model(runs, backend, case):
+    res = runs[1]
+    prefix = f"{backend}_{case}_"
+    model, held = model_run(case)
+    got = held_per_step(res, prefix)
+    for step, (want, have) in enumerate(zip(held, got)):
+        assert have == set(want), f"step {step}: held {sorted(have)}, model {sorted(want)}"
+    usage = merged(res, prefix, "usage")
+    assert {k: tuple(v) for k, v in usage.items()} == model.held
+    if model.p.get("min_count", 1) > 1:
+        counter = {k: tuple(v) for k, v in zip(res[0][prefix + "counter_keys"].tolist(),
+                                               res[0][prefix + "counter_usage"])}
+        assert counter == model.counter
+    # The case evicts: some keys seen were dropped (and, for admission, some never admitted).
+    seen = set(np.concatenate([cases.global_batch(case, s)[0].ravel() for s in range(cases.CASES[case][2])]).tolist())
+    assert len(model.held) < len(seen)
+
+
+@pytest.mark.parametrize("backend", ["hb"])
+def test_lru_lfu_tables_fill_and_keep_training(runs, backend):
+    """At capacity the tables evict instead of failing: the model's peak fill passes max_fill of the capacity."""
+    for case in set(cases.BACKEND_CASES[backend]) & {"lru", "lfu"}:
+        policy, _, steps, total = cases.CASES[case]
+        model = cases.PolicyModel(policy, total)
+        peak = 0
+        for step in range(steps):
+            model.lookup(cases.global_batch(case, step)[0], step)
+            peak = max(peak, len(model.held))
+            model.after_update(step + 1)
+        assert peak > policy["max_fill"] * total and len(runs[1][0][f"{backend}_{case}_losses"]) == steps
+
+
+def test_l2_eviction_keeps_only_rows_above_the_threshold(runs):
+    threshold = cases.CASES["l2"][0]["l2_weight_threshold"]
+    for backend in [b for b, case in cases.RUNS if case == "l2"]:
+        prefix = f"{backend}_l2_"
+        values = merged(runs[1], prefix, "values")
+        norms = {k: np.linalg.norm(v.astype(np.float64)) for k, v in values.items()}
+        assert norms and min(norms.values()) >= threshold  # evicted after every step's update
+        seen = set(np.concatenate([cases.global_batch("l2", s)[0].ravel() for s in range(6)]).tolist())
+        assert len(values) < len(seen)
+
+
+@pytest.mark.parametrize("n", WORKERS[1:])
+@pytest.mark.parametrize("backend,case", cases.RUNS)
+def test_n_workers_train_what_one_trains(runs, n, backend, case):
+    prefix = f"{backend}_{case}_"
+    one, many = runs[1], runs[n]
+    np.testing.assert_allclose(np.mean([many[r][prefix + "losses"] for r in range(n)], axis=0),
+                               one[0][prefix + "losses"], rtol=1e-5)
+    assert held_per_step(many, prefix) == held_per_step(one, prefix)
+    fields = ["values", "usage"] + sorted(f for f in one[0] if f.startswith(prefix + "slot_"))
+    for field in fields:
+        field = field[len(prefix):] if field.startswith(prefix) else field
+        want, got = merged(one, prefix, field), merged(many, prefix, field)
+        assert sorted(got) == sorted(want), field
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=f"{field} of key {key}")
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_freed_rows_are_reset(runs, n):
+    """After the last eviction run, rows past the held ones hold zeros and each slot's initial value."""
+    for backend, case in cases.RUNS:
+        initial = 0.1 if cases.CASES[case][1] == "Adagrad" else 0.0
+        prefix = f"{backend}_{case}_"
+        for res in runs[n]:
+            size = int(res[prefix + "size"])
+            assert size == len(res[prefix + "keys"])
+            np.testing.assert_array_equal(res[prefix + "all_values"][size:], 0.0)
+            slots = [field for field in res if field.startswith(prefix + "all_slot_")]
+            assert slots
+            for field in slots:
+                np.testing.assert_allclose(res[field][size:], initial, err_msg=field)
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_full_table_without_policy_names_table_and_options(runs, n):
+    for backend in cases.BACKENDS:
+        for r in range(n):
+            message = str(runs[n][r][f"{backend}_full_error"])
+            assert "hash table tiny_table is full" in message, message
+            for option in ("capacity_per_worker", "evict_strategy=lru or lfu", "steps_to_live", "min_count",
+                           "CounterFilter", "GlobalStepEvict", "DynamicVariable(evict_strategy"):
+                assert option in message, (option, message)
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_checkpoint_chain_restores_on_another_worker_count(runs, n, backend="hb"):
+    """A full checkpoint plus a delta written by n - 1 workers (1 by 1) restores here key by key: rows, slots,
+    counts and last-seen steps, and the counter table; keys evicted after the full save stay evicted."""
+    saved, restored = runs[max(n - 1, 1)], runs[n]
+    before, after = f"{backend}_admit_", f"{backend}_restored_"
+    fields = ["values", "usage"] + [f[len(before):] for f in saved[0] if f.startswith(before + "slot_")]
+    for field in fields:
+        want, got = merged(saved, before, field), merged(restored, after, field)
+        assert sorted(got) == sorted(want), field
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{field} of key {key}")
+    counter = {}
+    for r in range(n):
+        res = restored[r]
+        for key, usage in zip(res[after + "counter_keys"].tolist(), res[after + "counter_usage"].tolist()):
+            assert key % n == r
+            counter[key] = tuple(usage)
+    model, held = model_run("admit")
+    assert counter == model.counter and set(merged(restored, after, "usage")) == set(model.held)
+    # The chain's delta removed keys the full checkpoint held (tombstones).
+    at_save = set(held[4])  # after step 5, when the full checkpoint was written
+    assert at_save - set(model.held), "the case must evict keys between the full save and the delta"
+
+
+def test_export_serves_the_default_for_evicted_and_unadmitted_keys(runs):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    default = cases.CASES["admit"][0]["default_value"]
+    for backend in ("hb",):
+        res = runs[1]
+        exported = str(res[0][f"{backend}_exported"])
+        values = merged(res, f"{backend}_restored_", "values")
+        seen = np.unique(np.concatenate([cases.global_batch("admit", s)[0].ravel() for s in range(9)]))
+        probe = np.concatenate([seen, [10 ** 12, -3]]).astype(np.int64)
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            meta = tf.compat.v1.saved_model.loader.load(sess, [tf.saved_model.SERVING], exported)
+            signature = meta.signature_def[tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY]
+            got = sess.run(signature.outputs["vectors"].name, {signature.inputs["keys"].name: probe})
+        assert 0 < len(values) < len(seen)
+        for key, vector in zip(probe.tolist(), got):
+            want = values.get(key, np.full(cases.DIM, default, np.float32))
+            np.testing.assert_array_equal(vector, want, err_msg=f"{backend} key {key}")
+
+
+# ---------------------------------------------------------------- the policy object and the API mappings, one process
+
+def test_policy_keywords_are_checked_naming_the_table():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    policy = hash_table.VocabularyPolicy(min_count=2, default_value=[1, 2])
+    assert policy.default_row(2) == (1.0, 2.0) and hash_table.VocabularyPolicy().default_row(3) == (0.0,) * 3
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="hash table 'items'.*min_count=0 must be >= 1.*evict_strategy='mru'"):
+            hash_table.hash_embedding_variable("items", 2, 8, min_count=0, evict_strategy="mru")
+        with pytest.raises(ValueError, match="hash table 'items'.*default_value has 2 numbers; give one or dim=3"):
+            hash_table.hash_embedding_variable("items", 3, 8, default_value=[1, 2])
+        with pytest.raises(TypeError, match="hash table 'items'.*unknown keyword arguments \\['min_cnt'\\]"):
+            hash_table.hash_embedding_variable("items", 3, 8, min_cnt=2)
+        with pytest.raises(TypeError, match="either policy=VocabularyPolicy"):
+            hash_table.hash_embedding_variable("items", 3, 8, policy=policy, min_count=3)
+        table = hash_table.hash_embedding_variable("items", 3, 8, steps_to_live=5)
+        keys = tf.constant([1, 2], tf.int64)
+        with pytest.raises(ValueError, match="hash table items: its vocabulary policy counts steps with the global"):
+            hash_table.table_of(table).owned_vectors(table, keys, training=True)
+
+
+def test_sok_dynamic_variable_maps_hkv_eviction_names():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import sok  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default():
+        var = sok.DynamicVariable(dimension=4, init_capacity=8, max_capacity=16, evict_strategy="kLfu",
+                                  steps_to_live=10, name="dyn")
+        index = hash_table.table_of(var)
+        assert index.capacity == 16 and index.policy.evict_strategy == "lfu" and index.policy.steps_to_live == 10
+        with pytest.raises(ValueError, match="sok.DynamicVariable 'dyn2': evict_strategy='kEpochLru' is not"):
+            sok.DynamicVariable(dimension=4, max_capacity=16, evict_strategy="kEpochLru", name="dyn2")
+
+
+def test_eviction_moves_update_times_with_the_rows():
+    """Regression: compaction moved the touched mask but not SOK's per-row update times, so after an eviction a
+    row's update time (what ``sok.incremental_dump`` selects by) belonged to the evicted key that held it before."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.checkpoint import touched  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    with tf.Graph().as_default(), strategy.scope():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+        touched.record_update_times(table)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+        held, _ = hash_table.table_of(table).entries()
+        times = touched.row_state(table)[1][0]
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            sess.run(train, {keys: [5]})  # key 5 takes row 0
+            time.sleep(0.05)
+            before = time.time()
+            for _ in range(3):  # key 7 takes row 1; key 5, not seen for more than one step, is evicted
+                sess.run(train, {keys: [7]})
+            got_keys, got_times = sess.run([held, times])
+    assert got_keys.tolist() == [7], got_keys
+    assert got_times[0] >= before, f"row 0 (key 7) carries an update time from before key 7 trained: {got_times}"
+    assert np.all(np.isneginf(got_times[1:])), f"freed rows keep update times: {got_times}"

@@ -1,0 +1,132 @@
+"""Vocabulary policies on both backends: every case of ``policy_cases`` trained here; writes rank<r>.npz.
+
+The ``admit`` case also saves a full checkpoint after ``SAVE_AT`` steps and a
+delta at the end; this job then restores the chain that ``prev_dir``'s job
+wrote (another worker count; this job's own with ``-``), dumps the state,
+saves it in full and, in the 1-worker job, exports it as a SavedModel.
+
+argv: out_dir prev_dir|-
+"""
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import policy_cases as cases
+from collective import CollectiveStrategy
+from collective.checkpoint import Saver
+from collective.embedding import hash_table
+
+out_dir = sys.argv[1]
+prev_dir = out_dir if sys.argv[2] == "-" else sys.argv[2]
+results = {}
+SAVE_AT = 5
+
+
+def state_of(table):
+    """Tensors of this worker's rows: keys, values, usage, slots (held and whole), the counter table."""
+    index = hash_table.table_of(table)
+    dynamic = index.dynamic
+    held_keys, held_rows = index.entries()
+    state = {"keys": held_keys, "values": tf.gather(table, held_rows),
+             "usage": tf.gather(dynamic.usage, held_rows), "size": index.size(),
+             "all_values": table.read_value()}
+    for slot, _ in dynamic.slots:
+        name = slot.op.name.split("/")[-1]
+        state[f"slot_{name}"] = tf.gather(slot, held_rows)
+        state[f"all_slot_{name}"] = slot.read_value()
+    if dynamic.counter is not None:
+        counter_keys, counter_rows = dynamic.counter.entries()
+        state["counter_keys"], state["counter_usage"] = counter_keys, tf.gather(dynamic.counter_usage, counter_rows)
+    return held_keys, state
+
+
+def train_case(strategy, backend: str, case: str) -> None:
+    r, n = strategy.rank(), strategy.world_size()
+    steps = cases.CASES[case][2]
+    prefix = f"{backend}_{case}_"
+    with tf.Graph().as_default():
+        table, keys, labels, loss, train_op = cases.build(strategy, case, n)
+        held_keys, state = state_of(table)
+        saver = Saver() if case == "admit" else None
+        ckpt = os.path.join(out_dir, f"ckpt_{backend}", "model")
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            losses, per_step = [], []
+            for step in range(steps):
+                batch_keys, batch_labels = cases.local_batch(case, step, r, n)
+                losses.append(sess.run([loss, train_op], {keys: batch_keys, labels: batch_labels})[0])
+                per_step.append(sess.run(held_keys))
+                if saver is not None and step + 1 == SAVE_AT:
+                    saver.save(sess, ckpt, global_step=step + 1)
+            if saver is not None:
+                delta = saver.save_incremental(sess, ckpt, global_step=steps)
+                if r == 0:
+                    with open(os.path.join(out_dir, f"chain_{backend}.txt"), "w") as f:
+                        f.write(delta)
+            final = sess.run(state)
+    results[prefix + "losses"] = np.array(losses)
+    results[prefix + "held_per_step"] = np.concatenate(per_step)
+    results[prefix + "held_splits"] = np.cumsum([0] + [len(k) for k in per_step])
+    for name, value in final.items():
+        results[prefix + name] = value
+
+
+def restore_and_export(strategy, backend: str) -> None:
+    """Restores ``prev_dir``'s chain of the ``admit`` case here, dumps it, saves it in full and exports it."""
+    r, n = strategy.rank(), strategy.world_size()
+    with open(os.path.join(prev_dir, f"chain_{backend}.txt")) as f:
+        delta = f.read()
+    prefix = f"{backend}_restored_"
+    with tf.Graph().as_default():
+        table, _, _, _, _ = cases.build(strategy, "admit", n)
+        _, state = state_of(table)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            saver.restore(sess, delta)
+            for name, value in sess.run(state).items():
+                results[prefix + name] = value
+            full = saver.save(sess, os.path.join(out_dir, f"full_{backend}", "model"), global_step=99)
+    if n > 1:
+        return  # the export of the 1-worker job is served in the test
+
+    def signature_def_fn():
+        table, _, _, _, _ = cases.build(strategy, "admit", n, with_optimizer=False)
+        keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+        return tf.compat.v1.saved_model.predict_signature_def({"keys": keys},
+                                                              {"vectors": tf.nn.embedding_lookup(table, keys)})
+
+    exported = strategy.export_saved_model(os.path.join(out_dir, f"export_{backend}"), full, signature_def_fn)
+    results[f"{backend}_exported"] = np.array(exported.decode() if exported else "")
+
+
+def full_table_error(strategy, policy: dict) -> str:
+    """A lookup of 4 keys per worker into room for 2: the error, or "no error"."""
+    n = strategy.world_size()
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        with strategy.embedding_scope():
+            table = hash_table.hash_embedding_variable("tiny_table", cases.DIM, 2, **policy)
+        out = tf.nn.embedding_lookup(table, tf.range(4 * n, dtype=tf.int64))
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            try:
+                sess.run(out)
+            except tf.errors.InvalidArgumentError as err:
+                return err.message
+    return "no error"
+
+
+for backend in cases.BACKENDS:
+    strategy = CollectiveStrategy(backend)
+    with strategy.scope():
+        for case in cases.BACKEND_CASES[backend]:
+            train_case(strategy, backend, case)
+        if backend == "hb":
+            restore_and_export(strategy, backend)
+        results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
+
+np.savez(os.path.join(out_dir, f"rank{strategy.rank()}.npz"), **results)
