@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Tuple
 
 import numpy as np
 import tensorflow as tf
