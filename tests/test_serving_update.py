@@ -205,3 +205,76 @@ def test_chains_that_do_not_continue_the_version_are_refused(run, tmp_path):
         with pytest.raises(error, match=message):
             update_saved_model(str(export_base), chain_end)
         assert sorted(os.listdir(export_base)) == before, (export_base, chain_end)
+
+
+EVICTING = {"steps_to_live": 1, "evict_every_steps": 1, "default_value": 0.5}
+POLICY_BATCHES = ([1, 2, 3, 4], [1, 2, 5, 6], [1, 7], [2, 8])  # keys not looked up for a step are evicted
+POLICY_KEYS = np.arange(1, 10, dtype=np.int64)
+
+
+def _policy_signature(strategy):
+    from collective.embedding.hash_table import hash_embedding_variable  # pylint: disable=import-outside-toplevel
+
+    def build():
+        keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+        with strategy.embedding_scope():
+            table = hash_embedding_variable("pol", dim=3, capacity_per_worker=64, **EVICTING)
+        return tf.compat.v1.saved_model.predict_signature_def({"keys": keys},
+                                                              {"rows": tf.nn.embedding_lookup(table, keys)})
+
+    return build
+
+
+def _train_policy_table(strategy, model_dir, full_steps, delta_steps) -> None:
+    """One worker trains ``pol`` (keys evicted one step after their last lookup) on POLICY_BATCHES."""
+    from collective.embedding.hash_table import hash_embedding_variable  # pylint: disable=import-outside-toplevel
+
+    with strategy.scope(), tf.Graph().as_default():
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_embedding_variable("pol", dim=3, capacity_per_worker=64, **EVICTING)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, keys) - 1.0))
+        train = tf.compat.v1.train.AdagradOptimizer(0.3).minimize(loss, global_step=step)
+        saver = Saver(max_to_keep=None)
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            for done, batch in enumerate(POLICY_BATCHES, 1):
+                sess.run(train, {keys: batch})
+                if done in full_steps:
+                    saver.save(sess, str(model_dir / "model.ckpt"), global_step=done)
+                elif done in delta_steps:
+                    saver.save_incremental(sess, str(model_dir / "model.ckpt"), global_step=done)
+
+
+def _served_rows(version_dir: str) -> np.ndarray:
+    with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], version_dir)
+        signature = meta.signature_def[tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY]
+        return sess.run(signature.outputs["rows"].name, {signature.inputs["keys"].name: POLICY_KEYS})
+
+
+def test_keys_a_vocabulary_policy_evicts_are_dropped_from_the_next_version(tmp_path):
+    """A hash table with eviction: the delta's tombstones remove keys from the version's lookup table, so the
+    updated version serves the policy's default for them, as an ordinary export of that step does."""
+    strategy = CollectiveStrategy("hb")
+    _train_policy_table(strategy, tmp_path / "chain", full_steps={2}, delta_steps={3, 4})
+    _train_policy_table(strategy, tmp_path / "reference", full_steps={4}, delta_steps=set())
+    with strategy.scope():
+        first = strategy.export_saved_model(str(tmp_path / "export"), str(tmp_path / "chain" / "model.ckpt-2"),
+                                            _policy_signature(strategy)).decode()
+        reference = strategy.export_saved_model(str(tmp_path / "reference_export"),
+                                                str(tmp_path / "reference" / "model.ckpt-4"),
+                                                _policy_signature(strategy)).decode()
+    updated = update_saved_model(str(tmp_path / "export"), str(tmp_path / "chain")).decode()
+    evicted = set()
+    for step in (3, 4):
+        reader = tf.train.load_checkpoint(str(tmp_path / "chain" / f"model.ckpt-{step}.delta"))
+        if reader.has_tensor("pol/tombstones/keys"):
+            evicted |= set(reader.get_tensor("pol/tombstones/keys").tolist())
+    rows = {name: _served_rows(path) for name, path in (("v1", first), ("v2", updated), ("ref", reference))}
+    np.testing.assert_allclose(rows["v2"], rows["ref"], rtol=1e-6)
+    default = {name: set(POLICY_KEYS[np.all(r == 0.5, axis=1)].tolist()) for name, r in rows.items()}
+    dropped = evicted & (set(POLICY_KEYS.tolist()) - default["v1"]) & default["v2"]
+    assert len(dropped) >= 2, (evicted, default)  # held by version 1, evicted since: the default in version 2
+    assert default["v2"] != default["v1"]

@@ -8,10 +8,12 @@ the SavedModel (so TF Serving, ``tf.compat.v1.saved_model.load`` and
 2. every ``variables/delta-000001``, ``delta-000002``, ... in order (as many
    as the folder holds: ``MatchingFiles`` counts them), each a V2 bundle
    holding, for every served table ``<table>``, ``<table>/keys`` ``[K]``
-   int64 and ``<table>`` ``[K, dim]``, and every other served variable
-   whole. A fixed table's rows are written over by logical row id; a hash
-   table's known keys get their rows written over (found through its
-   ``tf.lookup`` key -> row table) and new keys are appended as new rows and
+   int64 and ``<table>`` ``[K, dim]`` (a hash table also
+   ``<table>/tombstones`` ``[T]``, the keys evicted), and every other served
+   variable whole. A fixed table's rows are written over by logical row id;
+   a hash table first drops its evicted keys from its ``tf.lookup`` key ->
+   row table (they read the default row again), then its known keys get
+   their rows written over and new keys are appended as new rows and
    inserted into that table; the other variables take the bundle's values.
 
 A full export writes no delta. A serving update
@@ -34,6 +36,11 @@ import tensorflow as tf
 VARIABLES = "variables"
 DELTA = "delta-"
 WIDTH = 6
+
+
+def tombstones_key(name: str) -> str:
+    """Where a delta stores the keys of hash table ``name`` evicted since the version before (``[T]`` int64)."""
+    return f"{name}/tombstones"
 
 
 def delta_prefix(version_dir: str, number: int) -> str:
@@ -124,8 +131,11 @@ def _apply_fixed(prefix: tf.Tensor, name: str, var) -> tf.Operation:
 
 
 def _apply_hash(prefix: tf.Tensor, name: str, var, index) -> tf.Operation:
-    keys, rows = _read_rows(prefix, name, var)
-    found = index.lookup(keys)
+    evicted = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[tombstones_key(name)], shape_and_slices=[""],
+                                   dtypes=[tf.int64])[0]
+    with tf.control_dependencies([index.remove(tf.reshape(evicted, [-1]))]):
+        keys, rows = _read_rows(prefix, name, var)
+        found = index.lookup(keys)
     known = found >= 0
     update = tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=tf.boolean_mask(found, known),
                                               updates=tf.boolean_mask(rows, known))

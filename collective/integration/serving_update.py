@@ -12,8 +12,10 @@ them is written), and one more delta (:mod:`.serving_deltas`) is written
 with what the chain's new deltas hold: for each served table its changed
 rows, newest first wins (logical row ids of a fixed table, keys of a hash
 table), and every other served variable (dense layers, the global step) as
-the last delta holds it. Optimizer slots in the chain are not read. The
-version's own restore op applies its deltas when a model server loads it.
+the last delta holds it, and each hash table's keys evicted (the chain's
+tombstones, unless a later delta holds the key again). Optimizer slots in
+the chain are not read. The version's own restore op applies its deltas
+when a model server loads it.
 
 Which deltas of the chain apply comes from the version's record
 (:mod:`.serving_versions`): the chain must start from the version's full
@@ -35,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.checkpoint import manifest
+from collective.checkpoint import hash_tables, incremental, manifest
 from collective.integration import serving_deltas, serving_versions
 from collective.integration.serving_versions import ServingUpdateError
 from collective.runtime import heartbeat
@@ -115,7 +117,7 @@ def _delta_tensors(served: serving_deltas.Served, deltas: List[str], old_dir: st
     readers = {delta: tf.compat.v1.train.NewCheckpointReader(delta) for delta in deltas}
     tensors: Dict[str, np.ndarray] = {}
     for name, (rows, dim, dtype) in served.fixed.items():
-        keys, values = _changed_rows(readers, name, dim, dtype, old_dir)
+        keys, values, _ = _changed_rows(readers, name, dim, dtype, old_dir)
         if keys.size and (keys.min() < 0 or keys.max() >= rows):
             raise ServingUpdateError(
                 f"serving update: the deltas {[os.path.basename(d) for d in deltas]} hold rows up to {keys.max()} "
@@ -123,7 +125,8 @@ def _delta_tensors(served: serving_deltas.Served, deltas: List[str], old_dir: st
                 "exported from this model's checkpoints")
         tensors[f"{name}/keys"], tensors[name] = keys, values
     for name, (dim, dtype) in served.hash.items():
-        tensors[f"{name}/keys"], tensors[name] = _changed_rows(readers, name, dim, dtype, old_dir)
+        keys, values, evicted = _changed_rows(readers, name, dim, dtype, old_dir)
+        tensors[f"{name}/keys"], tensors[name], tensors[serving_deltas.tombstones_key(name)] = keys, values, evicted
     last = readers[deltas[-1]]
     shapes, dtypes = last.get_variable_to_shape_map(), last.get_variable_to_dtype_map()
     for name, (shape, dtype) in served.dense.items():
@@ -141,10 +144,21 @@ def _delta_tensors(served: serving_deltas.Served, deltas: List[str], old_dir: st
 
 
 def _changed_rows(readers: Dict[str, object], name: str, dim: int, dtype: str, old_dir: str):
-    """``(keys, rows)`` of table ``name`` over the deltas ``readers`` reads (oldest first): each key once, with its
-    newest row; none (``[0]``, ``[0, dim]``) when no delta holds a row of it."""
-    keys, values = [np.zeros([0], np.int64)], [np.zeros([0, dim], tf.as_dtype(dtype).as_numpy_dtype)]
+    """``(keys, rows, evicted keys)`` of table ``name`` over the deltas ``readers`` reads (oldest first).
+
+    Each key counts once, as its last event says: a row (``keys``, ``rows``)
+    or an eviction (a hash table's tombstones, which a delta applies before
+    its rows). Empty (``[0]``, ``[0, dim]``, ``[0]``) when no delta holds any.
+    """
+    numpy_dtype = tf.as_dtype(dtype).as_numpy_dtype
+    keys, values, is_row = [np.zeros([0], np.int64)], [np.zeros([0, dim], numpy_dtype)], [np.zeros([0], bool)]
+    tombstones = hash_tables.keys_key(incremental.tombstones_key(name))
     for delta, reader in readers.items():
+        if reader.has_tensor(tombstones):
+            gone = reader.get_tensor(tombstones).astype(np.int64)
+            keys.append(gone)
+            values.append(np.zeros([len(gone), dim], numpy_dtype))
+            is_row.append(np.zeros([len(gone)], bool))
         if not reader.has_tensor(f"{name}/keys"):  # no row of it changed in this delta
             continue
         have, have_dtype = reader.get_variable_to_shape_map()[name], reader.get_variable_to_dtype_map()[name]
@@ -155,11 +169,13 @@ def _changed_rows(readers: Dict[str, object], name: str, dim: int, dtype: str, o
                 "from this model's checkpoints")
         keys.append(reader.get_tensor(f"{name}/keys").astype(np.int64))
         values.append(reader.get_tensor(name))
-    keys, values = np.concatenate(keys), np.concatenate(values)
-    # The last occurrence of each key is its newest row: the first one in the reversed order.
+        is_row.append(np.ones([len(keys[-1])], bool))
+    keys, values, is_row = np.concatenate(keys), np.concatenate(values), np.concatenate(is_row)
+    # The last event of each key wins: the first one in the reversed order.
     _, first = np.unique(keys[::-1], return_index=True)
-    newest = len(keys) - 1 - first
-    return keys[newest], values[newest]
+    last = len(keys) - 1 - first
+    rows = last[is_row[last]]
+    return keys[rows], values[rows], keys[last[~is_row[last]]]
 
 
 def _copy_version(old_dir: str, new_dir: str) -> None:
