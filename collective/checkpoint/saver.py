@@ -142,12 +142,7 @@ class Saver(saver_lib.Saver):
         self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
         for t, family in enumerate(self._families):
             hash_tables.build_save(family, tf.strings.join([self._part_prefix, f"-hash{t}"]))
-        rep_names, rep_specs, rep_tensors = [], [], []
-        for saveable in saveables:
-            for spec in saveable.specs:
-                rep_names.append(spec.name)
-                rep_specs.append(spec.slice_spec)
-                rep_tensors.append(spec.tensor)
+        rep_names, rep_specs, rep_tensors = _flat_specs(saveables)
         for var in sharded:
             info = shard_of(var)
             rep_names.append(row_splits_key(checkpoint_key(var, self._names)))
@@ -193,12 +188,7 @@ class Saver(saver_lib.Saver):
         self._delta_part = tf.compat.v1.placeholder(tf.string, [], name="delta_part_prefix")
         self._delta_replicated = tf.compat.v1.placeholder(tf.string, [], name="delta_replicated_prefix")
         self._delta_prefix = tf.compat.v1.placeholder_with_default("model.ckpt.delta", [], name="delta_prefix")
-        rep_names, rep_specs, rep_tensors = [], [], []
-        for saveable in saveables:
-            for spec in saveable.specs:
-                rep_names.append(spec.name)
-                rep_specs.append(spec.slice_spec)
-                rep_tensors.append(spec.tensor)
+        rep_names, rep_specs, rep_tensors = _flat_specs(saveables)
         for t, table in enumerate(self._delta_tables):
             incremental.build_save(table, tf.strings.join([self._delta_part, f"-delta{t}"]), self._names)
             rep_names.append(row_splits_key(table.name))
@@ -473,6 +463,12 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.restore(sess, family, prefix, self._restore_prefix,
                                 stored_row_splits(reader, shapes, family.name))
+
+
+def _flat_specs(saveables) -> Tuple[List[str], List[str], List[tf.Tensor]]:
+    """``(names, slice specs, tensors)`` of every spec of ``saveables``, in order (one ``SaveV2`` call's inputs)."""
+    specs = [spec for saveable in saveables for spec in saveable.specs]
+    return [spec.name for spec in specs], [spec.slice_spec for spec in specs], [spec.tensor for spec in specs]
 
 
 def default_saver() -> saver_lib.Saver:
