@@ -112,16 +112,19 @@ class EmbeddingVariableOption:
       filter_option: :class:`CounterFilter` or :class:`CBFFilter` (feature admission).
       evict_option: :class:`GlobalStepEvict` or :class:`L2WeightEvict` (feature eviction).
       storage_option: multi-tier storage is not supported; anything but None raises.
-      evict_every_steps, counter_capacity, evict_strategy: collective's
-        :class:`~collective.embedding.hash_table.VocabularyPolicy` options
-        (DeepRec evicts when a checkpoint is saved; collective every
-        ``evict_every_steps`` global steps).
+      evict_every_steps, evict_at_checkpoint, counter_capacity, evict_strategy:
+        collective's :class:`~collective.embedding.hash_table.VocabularyPolicy`
+        options. With an ``evict_option`` and neither ``evict_every_steps``
+        nor ``evict_at_checkpoint``, eviction runs when a checkpoint is saved
+        and only then, as in DeepRec; ``evict_every_steps`` alone runs it at
+        that interval instead.
     """
 
     def __init__(self, capacity_per_worker: Optional[int] = None, load_factor: float = hash_table.DEFAULT_LOAD_FACTOR,
                  init_option: Optional[InitializerOption] = None, ht_type=None, ht_partition_num=None,
                  evict_option=None, filter_option=None, storage_option=None, evict_every_steps: Optional[int] = None,
-                 counter_capacity: Optional[int] = None, evict_strategy: Optional[str] = None):
+                 counter_capacity: Optional[int] = None, evict_strategy: Optional[str] = None,
+                 evict_at_checkpoint: Optional[bool] = None):
         if storage_option is not None:
             raise NotImplementedError("EmbeddingVariableOption(storage_option=...) is not supported by collective's "
                                       "hash tables; leave it None")
@@ -130,11 +133,11 @@ class EmbeddingVariableOption:
         self.load_factor = load_factor
         self.init_option = init_option
         self.policy = _policy_of(init_option, filter_option, evict_option, evict_every_steps, counter_capacity,
-                                 evict_strategy)
+                                 evict_strategy, evict_at_checkpoint)
 
 
 def _policy_of(init_option, filter_option, evict_option, evict_every_steps, counter_capacity,
-               evict_strategy) -> Optional[hash_table.VocabularyPolicy]:
+               evict_strategy, evict_at_checkpoint=None) -> Optional[hash_table.VocabularyPolicy]:
     """The :class:`VocabularyPolicy` DeepRec's options describe (None: every key admitted, none evicted)."""
     options = {}
     if filter_option is not None:
@@ -153,9 +156,13 @@ def _policy_of(init_option, filter_option, evict_option, evict_every_steps, coun
             raise TypeError(f"EmbeddingVariableOption(evict_option={evict_option!r}): give GlobalStepEvict(...) or "
                             "L2WeightEvict(...) from collective.hash_embedding_column")
     for name, value in (("evict_every_steps", evict_every_steps), ("counter_capacity", counter_capacity),
-                        ("evict_strategy", evict_strategy)):
+                        ("evict_strategy", evict_strategy), ("evict_at_checkpoint", evict_at_checkpoint)):
         if value is not None:
             options[name] = value
+    evicts = "steps_to_live" in options or "l2_weight_threshold" in options
+    if evicts and evict_every_steps is None and evict_at_checkpoint is None:
+        # DeepRec evicts when it saves a checkpoint, and only then.
+        options.update(evict_at_checkpoint=True, evict_every_steps=None)
     default = getattr(init_option, "default_value_no_permission", 0.0)
     if default:
         options["default_value"] = default

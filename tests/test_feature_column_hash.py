@@ -147,7 +147,12 @@ def test_deeprec_options_map_onto_one_policy():
     cbf = cfc.EmbeddingVariableOption(filter_option=cfc.CBFFilter(filter_freq=2, max_element_size=2 ** 20,
                                                                   false_positive_probability=0.01),
                                       evict_option=cfc.L2WeightEvict(l2_weight_threshold=0.1))
-    assert cbf.policy == VocabularyPolicy(min_count=2, l2_weight_threshold=0.1)
+    # DeepRec evicts when it saves a checkpoint: the default without evict_every_steps.
+    assert cbf.policy == VocabularyPolicy(min_count=2, l2_weight_threshold=0.1, evict_at_checkpoint=True,
+                                          evict_every_steps=None)
+    both = cfc.EmbeddingVariableOption(evict_option=cfc.GlobalStepEvict(5), evict_every_steps=7,
+                                       evict_at_checkpoint=True)
+    assert both.policy == VocabularyPolicy(steps_to_live=5, evict_every_steps=7, evict_at_checkpoint=True)
     assert cfc.EmbeddingVariableOption(evict_option=cfc.L2WeightEvict()).policy is None  # DeepRec's -1: off
 
 

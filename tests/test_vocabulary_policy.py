@@ -56,6 +56,8 @@ def model_run(case: str, norms=None):
         keys, _ = cases.global_batch(case, step)
         model.lookup(keys, step)
         model.after_update(step + 1, norms)
+        if step + 1 in cases.SAVES.get(case, ()):
+            model.after_save(step + 1, norms)
         held.append(dict(model.held))
     return model, held
 
@@ -79,7 +81,7 @@ def test_one_worker_decides_as_the_numpy_model(runs, backend, case):
     assert len(model.held) < len(seen)
 
 
-@pytest.mark.parametrize("backend", ["hb"])
+@pytest.mark.parametrize("backend", cases.BACKENDS)
 def test_lru_lfu_tables_fill_and_keep_training(runs, backend):
     """At capacity the tables evict instead of failing: the model's peak fill passes max_fill of the capacity."""
     for case in set(cases.BACKEND_CASES[backend]) & {"lru", "lfu"}:
@@ -169,8 +171,55 @@ def test_checkpoint_chain_restores_on_another_worker_count(runs, n, backend="hb"
     model, held = model_run("admit")
     assert counter == model.counter and set(merged(restored, after, "usage")) == set(model.held)
     # The chain's delta removed keys the full checkpoint held (tombstones).
-    at_save = set(held[4])  # after step 5, when the full checkpoint was written
+    at_save = set(held[4])  # after step 5, when the full checkpoint was written (and evicted)
     assert at_save - set(model.held), "the case must evict keys between the full save and the delta"
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_eviction_at_checkpoint_time(runs, n):
+    """Policies with evict_at_checkpoint evict on every worker when a checkpoint is saved, before it is written:
+    MonitoredTrainingSession's saver hook (the ``ckpt`` case evicts only then) writes the survivors of each
+    save; a delta's tombstones are the keys its save's eviction (and the interval runs since the full save)
+    dropped (the ``admit`` case, Saver.save and save_incremental). The held keys per step are checked against
+    the numpy model and the 1-worker run by the tests above."""
+    _, held = model_run("ckpt")
+    for step in cases.SAVES["ckpt"]:
+        saved = runs[n][0][f"hb_ckpt_saved_{step}"].tolist()
+        assert saved == sorted(held[step - 1]), f"checkpoint of step {step} on {n} workers"
+    model, evicted = cases.PolicyModel(cases.CASES["ckpt"][0], 64), []
+    for step in range(cases.CASES["ckpt"][2]):
+        model.lookup(cases.global_batch("ckpt", step)[0], step)
+        model.after_update(step + 1)
+        if step + 1 in cases.SAVES["ckpt"]:
+            before = set(model.held)
+            model.after_save(step + 1)
+            evicted.append(before - set(model.held))
+    assert any(evicted), "the case must evict at a save"
+    for s in range(1, len(held)):  # no eviction between saves: held keys only grow
+        assert s + 1 in cases.SAVES["ckpt"] or set(held[s - 1]) <= set(held[s]), s
+    model, held = model_run("admit")
+    for backend in cases.BACKENDS:
+        got = runs[n][0][f"{backend}_admit_tombstones"].tolist()
+        want = sorted(set(held[cases.SAVES["admit"][0] - 1]) - set(model.held))
+        assert got == want and got, f"{backend} tombstones on {n} workers"
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_checkpoint_without_policy_restores_into_a_policy_table(runs, n):
+    """Regression: restoring a checkpoint written without a policy into a table with one failed (NotFound for
+    the usage). Rows and slots come back key by key (written by n - 1 workers, by 1 for 1); each key starts as
+    admitted at the restored step, (min_count, 3), and the counter table is empty."""
+    saved, restored = runs[max(n - 1, 1)], runs[n]
+    for field in ("values", "slot_Adagrad"):
+        want, got = merged(saved, "hb_nopolicy_", field), merged(restored, "hb_unpoliced_", field)
+        assert sorted(got) == sorted(want) and want, field
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{field} of key {key}")
+    min_count = cases.CASES["admit"][0]["min_count"]
+    for key, usage in merged(restored, "hb_unpoliced_", "usage").items():
+        assert tuple(usage) == (min_count, 3), (key, usage)
+    for res in restored:
+        assert len(res["hb_unpoliced_counter_keys"]) == 0
 
 
 def test_export_serves_the_default_for_evicted_and_unadmitted_keys(runs):
@@ -210,10 +259,8 @@ def test_policy_keywords_are_checked_naming_the_table():
             hash_table.hash_embedding_variable("items", 3, 8, min_cnt=2)
         with pytest.raises(TypeError, match="either policy=VocabularyPolicy"):
             hash_table.hash_embedding_variable("items", 3, 8, policy=policy, min_count=3)
-        table = hash_table.hash_embedding_variable("items", 3, 8, steps_to_live=5)
-        keys = tf.constant([1, 2], tf.int64)
-        with pytest.raises(ValueError, match="hash table items: its vocabulary policy counts steps with the global"):
-            hash_table.table_of(table).owned_vectors(table, keys, training=True)
+        with pytest.raises(ValueError, match="hash table 'items'.*evicts but never runs: give evict_every_steps"):
+            hash_table.hash_embedding_variable("items", 3, 8, steps_to_live=5, evict_every_steps=None)
 
 
 def test_sok_dynamic_variable_maps_hkv_eviction_names():
@@ -263,3 +310,64 @@ def test_eviction_moves_update_times_with_the_rows():
     assert got_keys.tolist() == [7], got_keys
     assert got_times[0] >= before, f"row 0 (key 7) carries an update time from before key 7 trained: {got_times}"
     assert np.all(np.isneginf(got_times[1:])), f"freed rows keep update times: {got_times}"
+
+
+def _policy_table_program(strategy, make_optimizer, global_step: bool, alias: bool = False):
+    """One policy table (steps_to_live=1, a run every step) trained by ``make_optimizer()``: ``(train, keys, held)``."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    step = tf.compat.v1.train.get_or_create_global_step() if global_step else None
+    keys = tf.compat.v1.placeholder(tf.int64, [None])
+    with strategy.embedding_scope():
+        table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+    loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys))
+    optimizer = make_optimizer()
+    if alias:
+        optimizer.iterations = step
+    if hasattr(optimizer, "iterations"):
+        return optimizer.apply_gradients(zip(tf.gradients(loss, [table]), [table])), keys, \
+            hash_table.table_of(table).entries()[0]
+    return optimizer.minimize(loss, global_step=step), keys, hash_table.table_of(table).entries()[0]
+
+
+@pytest.mark.parametrize("kind", ["v1", "legacy", "v2", "legacy_alias"])
+def test_keras_optimizers_move_the_policy_step(kind):
+    """Regression: Keras optimizers count their own iterations, so the global step never moved and no eviction
+    was ever due. Without a global step the policy makes one that follows the optimizer's iterations; with
+    ``optimizer.iterations = global_step`` the optimizer moves it. Key 5, seen at step 0 only, is evicted at
+    step 2 (more than one step old), as the tf.compat.v1.train run (``v1``, given the global step) evicts it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+
+    make = {"v1": lambda: tf.compat.v1.train.AdagradOptimizer(0.1), "v2": lambda: tf.keras.optimizers.Adagrad(0.1)}
+    make = make.get(kind, lambda: tf.keras.optimizers.legacy.Adagrad(0.1))
+    strategy = CollectiveStrategy("hb")
+    with tf.Graph().as_default(), strategy.scope():
+        train, keys, held = _policy_table_program(strategy, make, global_step=kind in ("v1", "legacy_alias"),
+                                                  alias=kind == "legacy_alias")
+        step = tf.compat.v1.train.get_global_step()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            got = []
+            for batch in ([5], [7], [7], [7]):
+                sess.run(train, {keys: batch})
+                got.append((sorted(sess.run(held).tolist()), int(sess.run(step))))
+    assert got == [([5], 1), ([7], 2), ([7], 3), ([7], 4)], got
+
+
+def test_optimizers_that_leave_the_policy_step_still_are_refused():
+    """A Keras optimizer with its own iterations on a graph whose global step the program owns (something else
+    would have to move it, racing the policy's reads), and a tf.compat.v1.train optimizer not given the global
+    step the policy made: building the update fails naming the table and what to do."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    with tf.Graph().as_default(), strategy.scope():
+        with pytest.raises(ValueError, match="hash table t: .*Keras optimizer Adagrad .* optimizer.iterations = "
+                                             "tf.compat.v1.train.get_global_step()"):
+            _policy_table_program(strategy, lambda: tf.keras.optimizers.legacy.Adagrad(0.1), global_step=True)
+    with tf.Graph().as_default(), strategy.scope():
+        with pytest.raises(ValueError, match="hash table t: .*optimizer Adagrad is not given one.*pass global_step="):
+            _policy_table_program(strategy, lambda: tf.compat.v1.train.AdagradOptimizer(0.1), global_step=False)

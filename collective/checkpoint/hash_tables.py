@@ -18,7 +18,7 @@ rows at the rows the index hands out.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -48,8 +48,57 @@ class HashFamily:
     restore_init: tf.Operation = None
     restore_block: tf.Operation = None
     block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # A table with a policy: the restore of a checkpoint written without one (rows and slots, no usage).
+    unpoliced: "Optional[Unpoliced]" = None
     # A policy's counter table: per-worker state that no touched mask follows, so every delta holds all of it.
     whole_in_deltas: bool = False
+
+
+@dataclasses.dataclass
+class Unpoliced:
+    """Restoring a policy table from a checkpoint written without a policy: no ``usage`` is stored.
+
+    ``restore_block`` reads one block of the rows and slots; once all are in,
+    ``assume`` (fetch it) gives every held key the usage its admission would
+    have and returns the step it assumed.
+    """
+
+    usage_key: str
+    restore_block: tf.Operation
+    block_feed: Dict[str, tf.Tensor]
+    assume: tf.Tensor
+    min_count: int
+
+
+def build_unpoliced(index, variables: List[tf.Variable], name: str, prefix: tf.Tensor,
+                    owner: ShardLayout) -> Optional[Unpoliced]:
+    """The :class:`Unpoliced` restore of a table whose last variable is its policy's usage (else None)."""
+    dynamic = getattr(index, "dynamic", None)
+    if dynamic is None or variables[-1] is not dynamic.usage:
+        return None
+    rows_and_slots = variables[:-1]
+    keys, values, feed = read_keyed(prefix, name, rows_and_slots, owner, [checkpoint_key(v) for v in rows_and_slots])
+    return Unpoliced(checkpoint_key(dynamic.usage), logical.insert_rows(index, rows_and_slots, keys, values), feed,
+                     dynamic.assume_seen(), int(dynamic.policy.min_count))
+
+
+def lacks_usage(unpoliced: Optional[Unpoliced], reader, name: str) -> bool:
+    """Whether the checkpoint ``reader`` reads holds rows of table ``name`` but not the policy's usage of them."""
+    return unpoliced is not None and reader.has_tensor(keys_key(name)) and not reader.has_tensor(unpoliced.usage_key)
+
+
+def build_checkpoint_eviction(found: List["HashFamily"], row_masks) -> Optional[tf.Operation]:
+    """One op running the eviction of every table among ``found`` whose policy evicts at checkpoints (or None)."""
+    ops = []
+    for family in found:
+        dynamic = getattr(family.index, "dynamic", None)
+        if dynamic is None or not dynamic.policy.evict_at_checkpoint:
+            continue
+        for slot in family.variables[1:]:  # the saved slots move with the rows, whoever made them
+            if slot is not dynamic.usage:
+                dynamic.remember_slot(slot)
+        ops.append(dynamic.evict_now(row_masks))
+    return tf.group(*ops, name="evict_at_checkpoint") if ops else None
 
 
 def families(sharded: List[tf.Variable]) -> List[HashFamily]:
@@ -153,9 +202,20 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     keys, values, family.block_feed = read_keyed(prefix, family.name, variables, ShardLayout(rank, world_size),
                                                  [checkpoint_key(v) for v in variables])
     family.restore_block = logical.insert_rows(index, variables, keys, values)
+    family.unpoliced = build_unpoliced(index, variables, family.name, prefix, ShardLayout(rank, world_size))
 
 
-def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray) -> None:
-    """Clears the index and inserts this worker's keys block by block (``splits``: stored row bounds)."""
+def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,
+            reader=None) -> bool:
+    """Clears the index and inserts this worker's keys block by block (``splits``: stored row bounds).
+
+    Returns True when the checkpoint (read by ``reader``) holds the table's
+    rows without the usage its policy keeps (written without a policy): then
+    the rows and slots are restored, and the caller runs ``family.unpoliced.assume``.
+    """
     sess.run(family.restore_init)
+    if reader is not None and lacks_usage(family.unpoliced, reader, family.name):
+        run_blocks(sess, family.unpoliced.restore_block, family.unpoliced.block_feed, prefix_tensor, prefix, splits)
+        return True
     run_blocks(sess, family.restore_block, family.block_feed, prefix_tensor, prefix, splits)
+    return False

@@ -51,6 +51,8 @@ class DeltaTable:
     tombstone_splits: tf.Tensor = None
     tombstone_restore: tf.Operation = None
     tombstone_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # A hash table with a vocabulary policy, restored from a delta written without one.
+    unpoliced: Optional[hash_tables.Unpoliced] = None
 
     @property
     def info(self) -> ShardInfo:
@@ -137,6 +139,7 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
         table.restore_block = logical.assign_owned(table.variables, info, keys, values)
     else:
         table.restore_block = logical.insert_rows(info.hash_index, table.variables, keys, values)
+        table.unpoliced = hash_tables.build_unpoliced(info.hash_index, table.variables, table.name, prefix, owner)
     if table.dynamic is not None:
         gone, _, table.tombstone_feed = hash_tables.read_keyed(prefix, tombstones_key(table.name), [], owner, [])
         table.tombstone_restore = table.dynamic.remove(gone, touched_masks)
@@ -148,13 +151,20 @@ def touched_masks(values: tf.Variable) -> List:
 
 
 def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,
-            tombstone_splits: Optional[np.ndarray] = None) -> None:
+            tombstone_splits: Optional[np.ndarray] = None, reader=None) -> bool:
     """Writes ``table``'s rows stored in delta ``prefix`` over this worker's rows, block by block.
 
     A hash table with a policy first drops the keys the delta marks evicted
     (``tombstone_splits``: their stored bounds); keys written again later are then re-inserted.
+    Returns True when the delta (read by ``reader``) holds a policy table's rows without their usage (written
+    without a policy): rows and slots are restored, and the caller runs ``table.unpoliced.assume``.
     """
     if table.tombstone_restore is not None and tombstone_splits is not None:
         hash_tables.run_blocks(sess, table.tombstone_restore, table.tombstone_feed, prefix_tensor, prefix,
                                tombstone_splits)
+    if reader is not None and hash_tables.lacks_usage(table.unpoliced, reader, table.name):
+        hash_tables.run_blocks(sess, table.unpoliced.restore_block, table.unpoliced.block_feed, prefix_tensor,
+                               prefix, splits)
+        return True
     hash_tables.run_blocks(sess, table.restore_block, table.block_feed, prefix_tensor, prefix, splits)
+    return False

@@ -118,6 +118,7 @@ class Saver(saver_lib.Saver):
             self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
         self._delta_tables = incremental.group_tables(sharded, self._names)
         with tf.name_scope(self._name or "collective_save"), comm.uncounted():
+            self._evict_at_save = hash_tables.build_checkpoint_eviction(self._families, incremental.touched_masks)
             self._build_save_ops(self._sharded_vars, saveables)
             self._build_restore_ops(self._sharded_vars, saveables)
             self._build_delta_ops(saveables)
@@ -313,6 +314,7 @@ class Saver(saver_lib.Saver):
     def _write_delta_parts(self, sess, parts_dir: str, part: str, replicated_part: str) -> List[int]:
         """Writes this worker's part of a delta (and on rank 0 the replicated variables); returns rows per table."""
         tf.io.gfile.makedirs(parts_dir)
+        self._evict_before_writing(sess)
         fetches = {"saves": [t.save for t in self._delta_tables], "splits": [t.row_splits for t in self._delta_tables],
                    "tombstones": [t.tombstone_save for t in self._delta_tables if t.tombstone_save is not None]}
         feed = {self._delta_part: part, self._part_prefix: part}
@@ -362,12 +364,18 @@ class Saver(saver_lib.Saver):
     def _write_parts(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
         """Writes this worker's part (and on rank 0 the replicated variables)."""
         tf.io.gfile.makedirs(parts_dir)
+        self._evict_before_writing(sess)
         fetches = [self._shard_save] + [family.save for family in self._families]
         feed = {self._part_prefix: shard_part}
         if comm.rank() == 0:
             fetches.append(self._replicated_save)
             feed[self._replicated_prefix] = replicated_part
         sess.run(fetches, feed)
+
+    def _evict_before_writing(self, sess) -> None:
+        """The eviction run of tables whose policy evicts at checkpoints (a collective: every worker saves)."""
+        if self._evict_at_save is not None:
+            sess.run(self._evict_at_save)
 
     def _hash_parts(self, shard_parts: List[str]) -> List[str]:
         """The hash-table parts the workers wrote (a worker holding no key of a table writes none)."""
@@ -419,19 +427,23 @@ class Saver(saver_lib.Saver):
         if self.resume_chains and not manifest.is_delta(prefix):
             prefix = self._newest_chain_on(prefix)
         chain = manifest.verify_chain(prefix)
-        self._restore_full(sess, chain.base)
+        unpoliced = self._restore_full(sess, chain.base)
         for delta in chain.deltas:
             logger.info("Restoring incremental checkpoint %s", delta)
             reader = tf.compat.v1.train.NewCheckpointReader(delta)
             for table in self._delta_tables:
                 tombstones = incremental.tombstones_key(table.name)
-                incremental.restore(sess, table, delta, self._delta_prefix, stored_row_splits(reader, {}, table.name),
-                                    stored_row_splits(reader, {}, tombstones) if table.dynamic is not None else None)
+                if incremental.restore(sess, table, delta, self._delta_prefix,
+                                       stored_row_splits(reader, {}, table.name),
+                                       stored_row_splits(reader, {}, tombstones) if table.dynamic is not None else None,
+                                       reader):
+                    unpoliced.setdefault(table.name, table.unpoliced)
             for _, family in self._whole_in_deltas:
                 hash_tables.restore(sess, family, delta, self._restore_prefix,
                                     stored_row_splits(reader, {}, family.name))
         if chain.deltas:
             sess.run(self._delta_dense_restore, {self._delta_prefix: chain.deltas[-1]})
+        self._assume_usage(sess, prefix, unpoliced)
         self._start_chain(sess, chain.base)
         self._chain = chain
         self._last_restore = (weakref.ref(sess), prefix)
@@ -450,7 +462,9 @@ class Saver(saver_lib.Saver):
             return latest
         return prefix
 
-    def _restore_full(self, sess, prefix: str) -> None:
+    def _restore_full(self, sess, prefix: str) -> dict:
+        """Restores the full checkpoint ``prefix``; returns ``{table: Unpoliced}`` of policy tables it held without
+        their policy state."""
         if not checkpoint_management.checkpoint_exists_internal(prefix):
             raise ValueError(f"The passed save_path is not a valid checkpoint: {prefix}")
         logger.info("Restoring parameters from %s", prefix)
@@ -460,9 +474,23 @@ class Saver(saver_lib.Saver):
         for key, splits in self._row_splits.items():
             feed[splits] = stored_row_splits(reader, shapes, key)
         sess.run(self._restore_op, feed)
+        unpoliced = {}
         for family in self._families:
-            hash_tables.restore(sess, family, prefix, self._restore_prefix,
-                                stored_row_splits(reader, shapes, family.name))
+            if hash_tables.restore(sess, family, prefix, self._restore_prefix,
+                                   stored_row_splits(reader, shapes, family.name), reader):
+                unpoliced[family.name] = family.unpoliced
+        return unpoliced
+
+    @staticmethod
+    def _assume_usage(sess, prefix: str, unpoliced: dict) -> None:
+        """Policy tables restored from a checkpoint written without a policy: each held key counts as admitted
+        at the restored step (its counter table is empty); says so once per table."""
+        for name, restore in unpoliced.items():
+            step = sess.run(restore.assume)
+            logger.warning("hash table %s: checkpoint %s was written without a vocabulary policy (it holds no "
+                           "counts or last-seen steps); each restored key starts as admitted now: seen %d times, "
+                           "last at step %d; the counter table starts empty", name, prefix,
+                           max(restore.min_count, 1), step)
 
 
 def _flat_specs(saveables) -> Tuple[List[str], List[str], List[tf.Tensor]]:

@@ -221,7 +221,10 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     pairs = average_gradients(grads_and_vars)
     done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
-    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks)
+    global_step = kwargs.get("global_step", args[0] if args else None)
+    if isinstance(optimizer, keras_optimizers):  # (grads_and_vars, name, ...): no global step argument
+        global_step = None
+    upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks, optimizer, global_step)
     return touched.run_with(done, upkeep) if upkeep else done
 
 

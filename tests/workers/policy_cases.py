@@ -23,17 +23,28 @@ DIM, BATCH, SEED = 4, 12, 21
 BUCKETS = 1024  # collective.embedding.hash_table.dynamic.HISTOGRAM_BUCKETS
 # name: (policy keyword arguments, optimizer, steps, total capacity (split over workers) or None: 64 per worker)
 CASES = {
-    "admit": (dict(min_count=2, steps_to_live=3, evict_every_steps=2, default_value=0.25), "Adagrad", 9, None),
+    "admit": (dict(min_count=2, steps_to_live=3, evict_every_steps=2, evict_at_checkpoint=True, default_value=0.25),
+              "Adagrad", 9, None),
     "l2": (dict(l2_weight_threshold=0.55, evict_every_steps=1), "Adam", 6, None),
     "lru": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
     "lfu": (dict(evict_strategy="lfu", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3,
                  min_count=2, counter_steps_to_live=4), "Adagrad", 8, 42),
+    # Eviction only when a checkpoint is saved (DeepRec's rule), by MonitoredTrainingSession's saver hook.
+    "ckpt": (dict(steps_to_live=2, evict_every_steps=None, evict_at_checkpoint=True, min_count=2),
+             "Adagrad", 9, None),
 }
+SAVES = {"admit": (5, 9), "ckpt": (3, 6, 9)}
+"""Steps after which a case saves a checkpoint (an eviction run where its policy evicts at checkpoints); the
+held keys recorded for a step are those after its save."""
+MTS_CASES = ("ckpt",)
+"""Cases trained in MonitoredTrainingSession, whose saver hook saves every 3 steps (the others: a plain session
+with ``collective.checkpoint.Saver``: a full save at 5 and a delta at the end)."""
 BACKENDS = ("hb", "sok")
-# The owner side of a lookup is the same code on both backends: sok runs the cases whose exchange matters most
-# (admission: keys repeated across workers, counted once by their owner), hb all of them and the checkpoint round
-# trip (the export in the 1-worker job).
-BACKEND_CASES = {"hb": tuple(CASES), "sok": ("admit",)}
+# The owner side of a lookup is the same code on both backends. hb runs every case with tf.compat.v1.train
+# optimizers and the checkpoint round trips (the export in the 1-worker job); sok runs SOK v2 programs
+# (sok.DynamicVariable with HKV's strategy names, sok.lookup_sparse, sok.OptimizerWrapper around a Keras optimizer,
+# no global step: the policy makes one that follows the optimizer's iterations) with admission and LRU/LFU.
+BACKEND_CASES = {"hb": tuple(CASES), "sok": ("admit", "lru", "lfu")}
 RUNS = [(backend, case) for backend in BACKENDS for case in BACKEND_CASES[backend]]
 
 
@@ -57,24 +68,56 @@ def local_batch(case: str, step: int, rank: int, size: int):
     return keys[rank * per:(rank + 1) * per], labels[rank * per:(rank + 1) * per]
 
 
-def build(strategy, case: str, n: int, with_optimizer: bool = True):
-    """The model on one hash table with ``case``'s policy: ``(table, keys, labels, loss, train_op)``."""
+def build(strategy, case: str, n: int, with_optimizer: bool = True, backend: str = "hb", policy=None):
+    """The model on one hash table with ``case``'s policy (or ``policy``): ``(table, keys, labels, loss, train_op)``.
+
+    ``backend="sok"`` builds the SOK v2 program (see ``BACKEND_CASES``).
+    """
     from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
 
-    policy, optimizer, _, _ = CASES[case]
-    step = tf.compat.v1.train.get_or_create_global_step()
+    policy = dict(CASES[case][0] if policy is None else policy)
     keys = tf.compat.v1.placeholder(tf.int64, [None, 2])
     labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    if backend == "sok":
+        return _build_sok(case, n, policy, keys, labels, with_optimizer)
+    step = tf.compat.v1.train.get_or_create_global_step()
     with strategy.embedding_scope():
         table = hash_table.hash_embedding_variable(
             "table", DIM, capacity(case, n), initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=SEED),
             **policy)
     e = tf.reshape(tf.nn.embedding_lookup(table, keys), [-1, 2 * DIM])
-    w = tf.compat.v1.get_variable("w", [2 * DIM, 1], initializer=tf.compat.v1.constant_initializer(
-        np.linspace(-0.4, 0.4, 2 * DIM).reshape(-1, 1)))
-    logits = tf.matmul(e, w)
-    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    train_op = make_optimizer(optimizer).minimize(loss, global_step=step) if with_optimizer else None
+    loss = _loss(e, labels)
+    train_op = make_optimizer(CASES[case][1]).minimize(loss, global_step=step) if with_optimizer else None
+    return table, keys, labels, loss, train_op
+
+
+def _loss(e, labels):
+    width = int(e.shape[1])
+    w = tf.compat.v1.get_variable("w", [width, 1], initializer=tf.compat.v1.constant_initializer(
+        np.linspace(-0.4, 0.4, width).reshape(-1, 1)))
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.matmul(e, w)))
+
+
+def _build_sok(case, n, policy, keys, labels, with_optimizer):
+    """SOK v2: DynamicVariable (kLru/kLfu), lookup_sparse (sum of a sample's 2 keys), Keras Adagrad, no global step."""
+    from collective import sok  # pylint: disable=import-outside-toplevel
+
+    if "evict_strategy" in policy:
+        policy["evict_strategy"] = {"lru": "kLru", "lfu": "kLfu"}[policy["evict_strategy"]]
+    table = sok.DynamicVariable(dimension=DIM, initializer=tf.keras.initializers.RandomUniform(-0.5, 0.5, seed=SEED),
+                                max_capacity=capacity(case, n), name="table", **policy)
+    batch = tf.shape(keys, out_type=tf.int64)[0]
+    at = tf.stack([tf.repeat(tf.range(batch), 2), tf.tile(tf.range(2, dtype=tf.int64), [batch])], axis=1)
+    e = sok.lookup_sparse(table, tf.SparseTensor(at, tf.reshape(keys, [-1]), tf.stack([batch, 2])), combiners="sum")
+    loss = _loss(e, labels)
+    if not with_optimizer:
+        return table, keys, labels, loss, None
+    assert CASES[case][1] == "Adagrad"
+    wrapper, dense = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.4)), \
+        tf.keras.optimizers.legacy.Adagrad(0.4)
+    w = [v for v in tf.compat.v1.trainable_variables() if v.op.name == "w"]
+    grads = tf.gradients(loss, [table] + w)
+    train_op = tf.group(wrapper.apply_gradients([(grads[0], table)]), dense.apply_gradients(zip(grads[1:], w)))
     return table, keys, labels, loss, train_op
 
 
@@ -104,10 +147,18 @@ class PolicyModel:
             else:
                 self.counter[key] = (count, step)
 
+    def after_save(self, step: int, norms=None) -> None:
+        """A checkpoint saved at ``step``: an eviction run there when the policy evicts at checkpoints."""
+        if self.p.get("evict_at_checkpoint"):
+            self.evict(step, norms)
+
     def after_update(self, new_step: int, norms=None) -> None:
         every = self.p.get("evict_every_steps", 100)
-        if new_step <= 0 or new_step % every:
+        if every is None or new_step <= 0 or new_step % every:
             return
+        self.evict(new_step, norms)
+
+    def evict(self, new_step: int, norms=None) -> None:
         ttl, thr = self.p.get("steps_to_live"), self.p.get("l2_weight_threshold")
         keep = {k: True for k in self.held}
         for key, (_, last) in self.held.items():

@@ -3,7 +3,9 @@
 The ``admit`` case also saves a full checkpoint after ``SAVE_AT`` steps and a
 delta at the end; this job then restores the chain that ``prev_dir``'s job
 wrote (another worker count; this job's own with ``-``), dumps the state,
-saves it in full and, in the 1-worker job, exports it as a SavedModel.
+saves it in full and, in the 1-worker job, exports it as a SavedModel. It
+also saves the ``admit`` model trained without a policy, and restores
+``prev_dir``'s such checkpoint into the table with the policy.
 
 argv: out_dir prev_dir|-
 """
@@ -48,30 +50,70 @@ def train_case(strategy, backend: str, case: str) -> None:
     steps = cases.CASES[case][2]
     prefix = f"{backend}_{case}_"
     with tf.Graph().as_default():
-        table, keys, labels, loss, train_op = cases.build(strategy, case, n)
+        table, keys, labels, loss, train_op = cases.build(strategy, case, n, backend=backend)
         held_keys, state = state_of(table)
-        saver = Saver() if case == "admit" else None
-        ckpt = os.path.join(out_dir, f"ckpt_{backend}", "model")
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            losses, per_step = [], []
-            for step in range(steps):
-                batch_keys, batch_labels = cases.local_batch(case, step, r, n)
-                losses.append(sess.run([loss, train_op], {keys: batch_keys, labels: batch_labels})[0])
-                per_step.append(sess.run(held_keys))
-                if saver is not None and step + 1 == SAVE_AT:
-                    saver.save(sess, ckpt, global_step=step + 1)
-            if saver is not None:
-                delta = saver.save_incremental(sess, ckpt, global_step=steps)
-                if r == 0:
-                    with open(os.path.join(out_dir, f"chain_{backend}.txt"), "w") as f:
-                        f.write(delta)
-            final = sess.run(state)
+        if case in cases.MTS_CASES:
+            losses, per_step, final = train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, state,
+                                                      case, os.path.join(out_dir, f"mts_{backend}_{case}"))
+        else:
+            losses, per_step, final = train_plain(strategy, backend, case, keys, labels, loss, train_op, held_keys,
+                                                  state)
     results[prefix + "losses"] = np.array(losses)
     results[prefix + "held_per_step"] = np.concatenate(per_step)
     results[prefix + "held_splits"] = np.cumsum([0] + [len(k) for k in per_step])
     for name, value in final.items():
         results[prefix + name] = value
+
+
+def train_plain(strategy, backend, case, keys, labels, loss, train_op, held_keys, state):
+    """A plain session; the ``admit`` case saves in full after SAVE_AT steps and a delta at the end."""
+    r, n = strategy.rank(), strategy.world_size()
+    steps = cases.CASES[case][2]
+    saver = Saver() if case == "admit" else None
+    ckpt = os.path.join(out_dir, f"ckpt_{backend}", "model")
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+        losses, per_step = [], []
+        for step in range(steps):
+            batch_keys, batch_labels = cases.local_batch(case, step, r, n)
+            losses.append(sess.run([loss, train_op], {keys: batch_keys, labels: batch_labels})[0])
+            if saver is not None and step + 1 == SAVE_AT:
+                saver.save(sess, ckpt, global_step=step + 1)
+            if saver is not None and step + 1 == steps:
+                delta = saver.save_incremental(sess, ckpt, global_step=steps)
+                if r == 0:
+                    with open(os.path.join(out_dir, f"chain_{backend}.txt"), "w") as f:
+                        f.write(delta)
+                    results[f"{backend}_{case}_tombstones"] = tombstones(delta)
+            per_step.append(sess.run(held_keys))
+        return losses, per_step, sess.run(state)
+
+
+def tombstones(delta: str) -> np.ndarray:
+    """The keys delta ``delta`` marks evicted (those of table ``table``)."""
+    reader = tf.compat.v1.train.NewCheckpointReader(delta)
+    key = "table/tombstones/keys"
+    return np.sort(reader.get_tensor(key)) if reader.has_tensor(key) else np.zeros([0], np.int64)
+
+
+def train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, state, case, model_dir):
+    """MonitoredTrainingSession saving every 3 steps; rank 0 records each checkpoint's keys (``<prefix>saved_<step>``)."""
+    r, n = strategy.rank(), strategy.world_size()
+    losses, per_step = [], []
+    with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=model_dir, save_checkpoint_steps=3,
+                                                     save_checkpoint_secs=None, save_summaries_steps=None,
+                                                     save_summaries_secs=None, log_step_count_steps=None) as sess:
+        for step in range(cases.CASES[case][2]):
+            batch_keys, batch_labels = cases.local_batch(case, step, r, n)
+            losses.append(sess.run([loss, train_op], {keys: batch_keys, labels: batch_labels})[0])
+            # The raw session: no hook runs, so a read triggers no save.
+            per_step.append(sess.run_step_fn(lambda step_context: step_context.session.run(held_keys)))
+        final = sess.run_step_fn(lambda step_context: step_context.session.run(state))
+    if r == 0:
+        for step in cases.SAVES[case]:
+            reader = tf.compat.v1.train.NewCheckpointReader(os.path.join(model_dir, f"model.ckpt-{step}"))
+            results[f"{prefix}saved_{step}"] = np.sort(reader.get_tensor("table/keys"))
+    return losses, per_step, final
 
 
 def restore_and_export(strategy, backend: str) -> None:
@@ -103,6 +145,35 @@ def restore_and_export(strategy, backend: str) -> None:
     results[f"{backend}_exported"] = np.array(exported.decode() if exported else "")
 
 
+def unpoliced_round_trip(strategy) -> None:
+    """The ``admit`` model trained without a policy and saved here (``hb_nopolicy_``), and ``prev_dir``'s such
+    checkpoint restored into the table with the policy (``hb_unpoliced_``)."""
+    r, n = strategy.rank(), strategy.world_size()
+    with tf.Graph().as_default():
+        table, keys, labels, loss, train_op = cases.build(strategy, "admit", n, policy={})
+        index = hash_table.table_of(table)
+        held_keys, held_rows = index.entries()
+        slot = [v for v in tf.compat.v1.global_variables() if v.op.name == "table/Adagrad"][0]
+        state = {"keys": held_keys, "values": tf.gather(table, held_rows), "slot_Adagrad": tf.gather(slot, held_rows)}
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            for step in range(3):
+                batch_keys, batch_labels = cases.local_batch("admit", step, r, n)
+                sess.run(train_op, {keys: batch_keys, labels: batch_labels})
+            Saver().save(sess, os.path.join(out_dir, "nopolicy", "model"), global_step=3)
+            for name, value in sess.run(state).items():
+                results["hb_nopolicy_" + name] = value
+    with tf.Graph().as_default():
+        table, _, _, _, _ = cases.build(strategy, "admit", n)
+        _, state = state_of(table)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            saver.restore(sess, os.path.join(prev_dir, "nopolicy", "model-3"))
+            for name, value in sess.run(state).items():
+                results["hb_unpoliced_" + name] = value
+
+
 def full_table_error(strategy, policy: dict) -> str:
     """A lookup of 4 keys per worker into room for 2: the error, or "no error"."""
     n = strategy.world_size()
@@ -127,6 +198,7 @@ for backend in cases.BACKENDS:
             train_case(strategy, backend, case)
         if backend == "hb":
             restore_and_export(strategy, backend)
+            unpoliced_round_trip(strategy)
         results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
 
 np.savez(os.path.join(out_dir, f"rank{strategy.rank()}.npz"), **results)

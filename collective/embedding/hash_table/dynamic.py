@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
+from collective.embedding.hash_table import step as policy_step
 from collective.embedding.hash_table.local_variables import plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy
 from collective.embedding.table import shard_of
@@ -50,17 +51,6 @@ are read only then."""
 
 HISTOGRAM_BUCKETS = 1024
 """LRU ages and LFU counts are told apart up to this value; larger ones share the last bucket."""
-
-
-def global_step_value(table: str) -> tf.Tensor:
-    """The global step now (int64), or an error naming ``table`` when the graph has none."""
-    step = tf.compat.v1.train.get_global_step()
-    if step is None:
-        raise ValueError(f"hash table {table}: its vocabulary policy counts steps with the global step, and the "
-                         "graph has none; call tf.compat.v1.train.get_or_create_global_step() before the lookups "
-                         "and pass it to minimize()/apply_gradients()")
-    value = step.read_value() if hasattr(step, "read_value") else tf.identity(step)
-    return tf.cast(value, tf.int64)
 
 
 def _scatter(var: tf.Variable, indices: tf.Tensor, updates: tf.Tensor) -> tf.Operation:
@@ -126,7 +116,7 @@ class DynamicVocabulary:
             return tf.gather(self._vectors(values, index.find(distinct)), position)
         with tf.control_dependencies(index._after_previous_insert()):  # pylint: disable=protected-access
             distinct = tf.identity(distinct)
-        step = global_step_value(index.name)
+        step = policy_step.value(index.name)
         rows = index.find(distinct)
         missing = rows < 0
         candidates = tf.boolean_mask(distinct, missing)
@@ -195,22 +185,26 @@ class DynamicVocabulary:
                              "one row per key; vocabulary policies cannot move its rows")
         self.slots.append((slot, initial_row(slot, self.index.name)))
 
-    def upkeep(self, values: tf.Variable, after: List, row_masks: Optional[RowMasks] = None) -> Optional[tf.Operation]:
-        """The eviction run after an update (``after``): a no-op unless the new global step is due."""
-        if not (self.policy.evicts or self.counter is not None):
-            return None
-        if self._upkeep_built:
+    def upkeep(self, values: tf.Variable, step: tf.Tensor,
+               row_masks: Optional[RowMasks] = None) -> Optional[tf.Operation]:
+        """The eviction run after an update (``step``: the step after it): a no-op unless ``step`` is due."""
+        every = self.policy.evict_every_steps
+        if every is None or not (self.policy.evicts or self.counter is not None) or self._upkeep_built:
             return None
         self._upkeep_built = True
-        with tf.control_dependencies(after):
-            step = global_step_value(self.index.name)
-        due = tf.logical_and(step > 0, tf.equal(step % int(self.policy.evict_every_steps), 0))
+        due = tf.logical_and(step > 0, tf.equal(step % int(every), 0))
 
         def run():
             with tf.control_dependencies(self.evict(values, step, row_masks)):
                 return tf.constant(True)
 
         return tf.cond(due, run, lambda: tf.constant(False), name="evict_" + values.op.name.replace("/", "_")).op
+
+    def evict_now(self, row_masks: Optional[RowMasks] = None) -> tf.Operation:
+        """An eviction run at the policy's step now (a checkpoint's: every worker runs it at the same step)."""
+        values = self.index.values
+        return tf.group(*self.evict(values, policy_step.value(self.index.name, create=False), row_masks),
+                        name="evict_at_checkpoint_" + values.op.name.replace("/", "_"))
 
     def keep_mask(self, values: tf.Variable, keys: tf.Tensor, rows: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """Which held keys (``rows``) stay at eviction step ``step``."""
@@ -291,6 +285,18 @@ class DynamicVocabulary:
                                                read_value=False),
                         self.saved_count.assign(count, read_value=False))
 
+    def assume_seen(self) -> tf.Tensor:
+        """Gives every held key the usage of a key admitted now: ``(max(min_count, 1), step)``; returns the step.
+
+        For rows restored from a checkpoint written without a policy (no
+        counts or last-seen steps are stored): run after the restore of the step.
+        """
+        _, rows = self.index.entries()
+        step = policy_step.value(self.index.name, create=False)
+        count = tf.fill(tf.shape(rows), tf.constant(max(int(self.policy.min_count), 1), tf.int64))
+        with tf.control_dependencies([_scatter(self.usage, rows, tf.stack([count, tf.fill(tf.shape(rows), step)], 1))]):
+            return tf.identity(step)
+
     def tombstones(self) -> tf.Tensor:
         """Keys held at the last snapshot and not now (evicted since): a delta writes them so a restore drops them."""
         saved = self.saved_keys[:self.saved_count.read_value()]
@@ -326,17 +332,24 @@ def remember_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     return slot
 
 
-def upkeep_ops(pairs, after, row_masks: Optional[RowMasks] = None) -> List[tf.Operation]:
-    """The eviction runs of the tables with a policy among ``(gradient, variable)`` pairs, after ``after``."""
+def upkeep_ops(pairs, after, row_masks: Optional[RowMasks] = None, optimizer=None,
+               global_step=None) -> List[tf.Operation]:
+    """After ``optimizer``'s update (``after``) of ``(gradient, variable)`` pairs: the policy tables' step moved
+    (:func:`.step.after_update`) and their eviction runs when due."""
     if tf.executing_eagerly():
         return []
-    ops = []
+    found = []
     for grad, var in pairs:
         info = shard_of(var)
         dynamic = getattr(info.hash_index, "dynamic", None) if info is not None and grad is not None else None
-        if dynamic is None or dynamic.index.values is not var:
-            continue
-        op = dynamic.upkeep(var, after, row_masks)
+        if dynamic is not None and dynamic.index.values is var:
+            found.append((dynamic, var))
+    if not found:
+        return []
+    step = policy_step.after_update(optimizer, found[0][0].index.name, after, global_step)
+    ops = [step.op]
+    for dynamic, var in found:
+        op = dynamic.upkeep(var, step, row_masks)
         if op is not None:
             ops.append(op)
     return ops

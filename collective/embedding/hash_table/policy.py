@@ -16,7 +16,8 @@ from typing import Optional, Tuple, Union
 
 EVICT_STRATEGIES = ("lru", "lfu")
 POLICY_KEYWORDS = ("min_count", "counter_capacity", "counter_steps_to_live", "default_value", "steps_to_live",
-                   "l2_weight_threshold", "evict_every_steps", "evict_strategy", "max_fill", "fill_after_evict")
+                   "l2_weight_threshold", "evict_every_steps", "evict_at_checkpoint", "evict_strategy", "max_fill",
+                   "fill_after_evict")
 """The keyword arguments of :func:`hash_embedding_variable` that make its :class:`VocabularyPolicy`."""
 
 
@@ -47,7 +48,10 @@ class VocabularyPolicy:
       l2_weight_threshold: evict rows whose L2 norm is below this (DeepRec's
         ``L2WeightEvict``).
       evict_every_steps: eviction runs after the update of every step whose
-        new global step is a multiple of this.
+        new global step is a multiple of this; None: no runs at an interval.
+      evict_at_checkpoint: eviction also runs when
+        ``collective.checkpoint.Saver`` saves (full or delta; every worker at
+        the same step, before any row is written), as DeepRec does.
       evict_strategy: ``"lru"`` or ``"lfu"``: when the table's keys (summed
         over workers) exceed ``max_fill`` of its capacity (summed over
         workers), an eviction run drops the least recently / least often
@@ -62,7 +66,8 @@ class VocabularyPolicy:
     default_value: Union[float, Tuple[float, ...]] = 0.0
     steps_to_live: Optional[int] = None
     l2_weight_threshold: Optional[float] = None
-    evict_every_steps: int = 100
+    evict_every_steps: Optional[int] = 100
+    evict_at_checkpoint: bool = False
     evict_strategy: Optional[str] = None
     max_fill: float = 0.9
     fill_after_evict: float = 0.75
@@ -113,6 +118,8 @@ class VocabularyPolicy:
                 problems.append(f"{name}={value} must be >= 0")
         if self.l2_weight_threshold is not None and float(self.l2_weight_threshold) < 0:
             problems.append(f"l2_weight_threshold={self.l2_weight_threshold} must be >= 0")
+        if self.evicts and self.evict_every_steps is None and not self.evict_at_checkpoint:
+            problems.append("the policy evicts but never runs: give evict_every_steps=... or evict_at_checkpoint=True")
         if self.evict_strategy is not None and self.evict_strategy not in EVICT_STRATEGIES:
             problems.append(f"evict_strategy={self.evict_strategy!r} must be one of {EVICT_STRATEGIES} or None")
         if not 0.0 < self.fill_after_evict < self.max_fill <= 1.0:
