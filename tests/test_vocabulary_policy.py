@@ -371,3 +371,43 @@ def test_optimizers_that_leave_the_policy_step_still_are_refused():
     with tf.Graph().as_default(), strategy.scope():
         with pytest.raises(ValueError, match="hash table t: .*optimizer Adagrad is not given one.*pass global_step="):
             _policy_table_program(strategy, lambda: tf.compat.v1.train.AdagradOptimizer(0.1), global_step=False)
+
+
+def test_estimator_with_deeprec_eviction_evicts_when_it_saves(tmp_path):
+    """DeepRec's options without evict_every_steps evict when a checkpoint is saved, and only then: an Estimator
+    (one worker; the rule's N-invariance is the ``ckpt`` case's) trained 9 steps with a save every 3 writes
+    the numpy model's survivors of each save, as the ``ckpt`` case (the same policy) does."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective import hash_embedding_column as cfc  # pylint: disable=import-outside-toplevel
+
+    option = cfc.EmbeddingVariableOption(capacity_per_worker=64, filter_option=cfc.CounterFilter(2),
+                                         evict_option=cfc.GlobalStepEvict(2))
+    assert option.policy.evict_at_checkpoint and option.policy.evict_every_steps is None
+    steps = cases.CASES["ckpt"][2]
+    strategy = CollectiveStrategy("hb")
+
+    def model_fn(features, labels, mode):
+        column = tf.feature_column.embedding_column(
+            cfc.categorical_column_with_embedding("item", dtype=tf.int64, ev_option=option), cases.DIM)
+        with strategy.embedding_scope():
+            deep = tf.compat.v1.feature_column.input_layer(features, [column])
+        loss = tf.reduce_mean(tf.square(tf.reduce_sum(deep, axis=1, keepdims=True) - labels))
+        train = tf.compat.v1.train.AdagradOptimizer(0.4).minimize(
+            loss, global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+    def input_fn():
+        batches = [cases.global_batch("ckpt", s) for s in range(steps)]
+        keys = np.stack([k for k, _ in batches])
+        labels = np.stack([y for _, y in batches])
+        return tf.data.Dataset.from_tensor_slices(({"item": keys}, labels))
+
+    config = tf.estimator.RunConfig(save_checkpoints_steps=3, save_checkpoints_secs=None, log_step_count_steps=None)
+    with strategy.scope(), tf.Graph().as_default():
+        strategy.estimator(model_fn, str(tmp_path), config=config).train(input_fn, max_steps=steps)
+    _, held = model_run("ckpt")
+    name = "input_layer/item_embedding/embedding_weights/keys"
+    for step in cases.SAVES["ckpt"]:
+        saved = tf.train.load_checkpoint(str(tmp_path / f"model.ckpt-{step}")).get_tensor(name)
+        assert sorted(saved.tolist()) == sorted(held[step - 1]), step
