@@ -15,6 +15,7 @@ worker ``floormod(k, N)``. Each worker holds a values variable
   inserting them, which is also what an exported SavedModel serves;
 - :mod:`.policy`: :class:`VocabularyPolicy`, admission and eviction defined once;
   :mod:`.dynamic` carries it out (counts, counter table, eviction, row reuse);
+  :mod:`.step`: the step a policy counts (the global step, moved by Keras optimizers too);
 - :mod:`.local_variables`: per-worker variables no sharding getter touches.
 
 A key's first vector is a function of the key alone

@@ -68,7 +68,7 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
         (admission, eviction, the full-table rule), or its fields as keyword
         arguments: ``min_count``, ``counter_capacity``, ``counter_steps_to_live``,
         ``default_value``, ``steps_to_live``, ``l2_weight_threshold``,
-        ``evict_every_steps``, ``evict_strategy`` (``"lru"``/``"lfu"``),
+        ``evict_every_steps``, ``evict_at_checkpoint``, ``evict_strategy`` (``"lru"``/``"lfu"``),
         ``max_fill``, ``fill_after_evict``. Without one every key seen in
         training gets a row and a full table fails.
 
