@@ -8,24 +8,42 @@ import pathlib
 import numpy as np
 import pytest
 
-from launcher import load_rank_results, run_workers
+from launcher import launch_once, load_rank_results, run_workers
 from workers import policy_cases as cases
 
 WORKERS = [1, 2, 3]
 
 
+@launch_once
+def _job(base: pathlib.Path, n: int):
+    """Launch ``n``'s per-rank results; it restores launch ``n - 1``'s checkpoints (1 -> 1, 1 -> 2, 2 -> 3)."""
+    if n > 1:
+        _job(base, n - 1)
+    out = base / f"policy-{n}"
+    out.mkdir(parents=True, exist_ok=True)
+    run_workers("policy_worker.py", n, [out, base / f"policy-{n - 1}" if n > 1 else "-"], timeout=600)
+    return load_rank_results(out, n)
+
+
+class _Runs:
+    """``runs[n]``: launch ``n``'s per-rank results, launched on first use."""
+
+    def __init__(self, base: pathlib.Path):
+        self.base = base
+
+    def __getitem__(self, n: int):
+        return _job(self.base, n)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Per worker count: the per-rank results (run once, in order 1, 2, 3)."""
-    base = pathlib.Path(tmp_path_factory.getbasetemp())
-    results, prev = {}, "-"
-    for n in WORKERS:  # each job restores the previous one's checkpoint chain: 1 -> 1, 1 -> 2, 2 -> 3
-        out = base / f"policy-{n}"
-        out.mkdir(parents=True, exist_ok=True)
-        run_workers("policy_worker.py", n, [out, prev], timeout=600)
-        results[n] = load_rank_results(out, n)
-        prev = out
-    return results
+    return _Runs(pathlib.Path(tmp_path_factory.mktemp("policy")))
+
+
+@pytest.mark.parametrize("n", WORKERS)
+def test_each_worker_count_runs_every_case(runs, n):
+    """The launches, in order, each in its own test (and time limit): every case ran on every worker."""
+    assert len(runs[n]) == n and all(f"{b}_{c}_losses" in res for b, c in cases.RUNS for res in runs[n])
 
 
 def merged(res, prefix: str, field: str):
@@ -93,6 +111,15 @@ def test_lru_lfu_tables_fill_and_keep_training(runs, backend):
             peak = max(peak, len(model.held))
             model.after_update(step + 1)
         assert peak > policy["max_fill"] * total and len(runs[1][0][f"{backend}_{case}_losses"]) == steps
+
+
+def test_lru_keeps_the_keys_of_the_last_step():
+    """Regression: when the keys of the step just trained exceeded fill_after_evict, an LRU run kept keys younger
+    than one step, which no key is after an update, and emptied the table (the ``lru`` case did at step 4). The
+    workers' held keys equal this model's after every step (test_one_worker_decides_as_the_numpy_model)."""
+    _, held = model_run("lru")
+    for step, now in enumerate(held):
+        assert set(np.unique(cases.global_batch("lru", step)[0]).tolist()) <= set(now), step
 
 
 def test_l2_eviction_keeps_only_rows_above_the_threshold(runs):

@@ -176,7 +176,7 @@ class PolicyModel:
                 target = int(self.p.get("fill_after_evict", 0.75) * self.total)
                 if lru:
                     limit = max([a for a in range(1, BUCKETS + 1) if sum(v < a for v in value.values()) <= target]
-                                + [1])
+                                + [2])  # the keys of the last step (1 step old) always stay
                     stays = {k: value[k] < limit for k in alive}
                 else:
                     fits = [c for c in range(BUCKETS) if sum(v >= c for v in value.values()) <= target]

@@ -231,9 +231,10 @@ class DynamicVocabulary:
         total = tf.reduce_sum(histogram)
         target = int(policy.fill_after_evict * world)
         over = total > int(policy.max_fill * world)
-        if lru:  # keep ages < a: the largest a in 1..B whose keys fit the target (at least a = 1)
+        if lru:  # keep ages < a: the largest a in 1..B whose keys fit the target, at least a = 2: a run follows
+            # an update, so the keys of the step just trained are 1 step old, and they all stay
             kept = tf.cumsum(histogram)  # kept[a - 1]: keys younger than a
-            limit = tf.maximum(tf.reduce_sum(tf.cast(kept <= target, tf.int64)), 1)
+            limit = tf.maximum(tf.reduce_sum(tf.cast(kept <= target, tf.int64)), 2)
             stays = value < limit
         else:  # keep counts >= c: the smallest c whose keys fit the target (at most the last bucket)
             kept = tf.cumsum(histogram, reverse=True)  # kept[c]: keys seen at least c times
