@@ -5,7 +5,7 @@ delta at the end; this job then restores the chain that ``prev_dir``'s job
 wrote (another worker count; this job's own with ``-``), dumps the state,
 saves it in full and, in the 1-worker job, exports it as a SavedModel. It
 also saves the ``admit`` model trained without a policy, and restores
-``prev_dir``'s such checkpoint into the table with the policy.
+``prev_dir``'s such checkpoint into the table with the policy (after the chain).
 
 argv: out_dir prev_dir|-
 """
@@ -102,7 +102,8 @@ def train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, s
     losses, per_step = [], []
     with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=model_dir, save_checkpoint_steps=3,
                                                      save_checkpoint_secs=None, save_summaries_steps=None,
-                                                     save_summaries_secs=None, log_step_count_steps=None) as sess:
+                                                     save_summaries_secs=None, log_step_count_steps=None,
+                                                     save_graph_def=False) as sess:
         for step in range(cases.CASES[case][2]):
             batch_keys, batch_labels = cases.local_batch(case, step, r, n)
             losses.append(sess.run([loss, train_op], {keys: batch_keys, labels: batch_labels})[0])
@@ -132,6 +133,10 @@ def restore_and_export(strategy, backend: str) -> None:
             for name, value in sess.run(state).items():
                 results[prefix + name] = value
             full = saver.save(sess, os.path.join(out_dir, f"full_{backend}", "model"), global_step=99)
+            # prev_dir's checkpoint of the model trained without a policy, into the table with the policy.
+            saver.restore(sess, os.path.join(prev_dir, "nopolicy", "model-3"))
+            for name, value in sess.run(state).items():
+                results[f"{backend}_unpoliced_" + name] = value
     if n > 1:
         return  # the export of the 1-worker job is served in the test
 
@@ -145,9 +150,9 @@ def restore_and_export(strategy, backend: str) -> None:
     results[f"{backend}_exported"] = np.array(exported.decode() if exported else "")
 
 
-def unpoliced_round_trip(strategy) -> None:
-    """The ``admit`` model trained without a policy and saved here (``hb_nopolicy_``), and ``prev_dir``'s such
-    checkpoint restored into the table with the policy (``hb_unpoliced_``)."""
+def train_without_policy(strategy) -> None:
+    """The ``admit`` model trained 3 steps without a policy and saved in ``nopolicy/`` (``hb_nopolicy_``: its
+    rows); :func:`restore_and_export` restores ``prev_dir``'s one into the table with the policy."""
     r, n = strategy.rank(), strategy.world_size()
     with tf.Graph().as_default():
         table, keys, labels, loss, train_op = cases.build(strategy, "admit", n, policy={})
@@ -163,15 +168,6 @@ def unpoliced_round_trip(strategy) -> None:
             Saver().save(sess, os.path.join(out_dir, "nopolicy", "model"), global_step=3)
             for name, value in sess.run(state).items():
                 results["hb_nopolicy_" + name] = value
-    with tf.Graph().as_default():
-        table, _, _, _, _ = cases.build(strategy, "admit", n)
-        _, state = state_of(table)
-        saver = Saver()
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            saver.restore(sess, os.path.join(prev_dir, "nopolicy", "model-3"))
-            for name, value in sess.run(state).items():
-                results["hb_unpoliced_" + name] = value
 
 
 def full_table_error(strategy, policy: dict) -> str:
@@ -197,8 +193,8 @@ for backend in cases.BACKENDS:
         for case in cases.BACKEND_CASES[backend]:
             train_case(strategy, backend, case)
         if backend == "hb":
+            train_without_policy(strategy)
             restore_and_export(strategy, backend)
-            unpoliced_round_trip(strategy)
         results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
 
 np.savez(os.path.join(out_dir, f"rank{strategy.rank()}.npz"), **results)
