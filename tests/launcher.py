@@ -12,20 +12,26 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
+FAST_EXIT = pathlib.Path(__file__).resolve().parent / "fast_exit.py"
 
 
-def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]]):
+def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]], fast_exit: bool = True):
     path = script if os.path.isabs(script) else str(WORKERS / script)
     full_env = dict(os.environ)
     full_env["CUDA_VISIBLE_DEVICES"] = ""  # the tests run on CPU, any number of workers, GPUs or not
     full_env.update(env or {})
-    return [sys.executable, "-m", "collective.launch", "-n", str(n), path, *map(str, args)], full_env
+    # Each worker runs its script through fast_exit.py: the same program, without the interpreter's teardown.
+    runner = [str(FAST_EXIT)] if fast_exit else []
+    return [sys.executable, "-m", "collective.launch", "-n", str(n), *runner, path, *map(str, args)], full_env
 
 
 def run_workers(script: str, n: int, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
-                timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """Runs ``tests/workers/<script>`` on ``n`` workers; with ``check`` a failure shows all output."""
-    cmd, full_env = _launch_command(script, n, args, env)
+                timeout: float = 300, check: bool = True, fast_exit: bool = True) -> subprocess.CompletedProcess:
+    """Runs ``tests/workers/<script>`` on ``n`` workers; with ``check`` a failure shows all output.
+
+    ``fast_exit=False`` hands the script to the launcher itself (to test what the launcher does with it).
+    """
+    cmd, full_env = _launch_command(script, n, args, env, fast_exit)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"

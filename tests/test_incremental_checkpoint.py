@@ -217,16 +217,20 @@ def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every
         train = v1.AdamOptimizer(0.1).minimize(tf.reduce_sum(tf.nn.embedding_lookup(table, ids)),
                                                global_step=global_step)
         saver = Saver()
+        init = tf.compat.v1.global_variables_initializer()
         with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(init)
             sess.run(train, {ids: [1, 2]})
             saver.save(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
             sess.run(train, {ids: [3]})
+            # The delta ops are built by the first incremental save, into the finalized graph.
+            assert not [op for op in sess.graph.get_operations() if "delta" in op.name]
+            sess.graph.finalize()
             delta = saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
             with pytest.raises(CheckpointError, match=r"model.ckpt-2.delta is already the end of the chain"):
                 saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
             want = sess.run([table, *[v for v in tf.compat.v1.global_variables() if "Adam" in v.op.name]])
-            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(init)
             saver.restore(sess, delta)
             got = sess.run([table, *[v for v in tf.compat.v1.global_variables() if "Adam" in v.op.name]])
     assert tf.compat.v1.train.NewCheckpointReader(delta).get_tensor("adam_t/keys").tolist() == list(range(7))

@@ -51,7 +51,7 @@ def test_each_worker_gets_its_rank_and_the_strategy(n):
 
 def test_missing_script_is_a_clear_error(tmp_path):
     missing = tmp_path / "no_such_script.py"
-    proc = run_workers(str(missing), 2, check=False, timeout=60)
+    proc = run_workers(str(missing), 2, check=False, timeout=60, fast_exit=False)
     assert proc.returncode == 2
     assert f"script {str(missing)!r} does not exist" in proc.stderr
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import List
 
+import numpy as np
 import tensorflow as tf
 
 from collective import comm
@@ -31,11 +32,14 @@ def block_bounds(rows: int, world_size: int) -> List[int]:
 
 def slice_spec(shape, start, length) -> tf.Tensor:
     """SaveV2/RestoreV2 spec of rows ``[start, start + length)`` of a ``shape`` tensor (scalars may be tensors)."""
-    dims = [tf.strings.as_string(tf.cast(d, tf.int64)) for d in shape]
-    rows = tf.strings.join([tf.strings.as_string(tf.cast(start, tf.int64)),
-                            tf.strings.as_string(tf.cast(length, tf.int64))], ",")
-    rest = ["-"] * (len(shape) - 1)
-    return tf.strings.join([tf.strings.join(dims, " "), tf.strings.join([rows] + rest, ":")], " ")
+    def text(value):
+        return str(int(value)) if isinstance(value, (int, np.integer)) else tf.strings.as_string(
+            tf.cast(value, tf.int64))
+
+    rest = ":-" * (len(shape) - 1)
+    pieces = [text(d) + " " if isinstance(d, (int, np.integer)) else tf.strings.join([text(d), " "])
+              for d in shape]
+    return tf.strings.join(pieces + [text(start), ",", text(length), rest])
 
 
 def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
@@ -83,7 +87,9 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
         values = io_ops.restore_v2(prefix, [key], tf.reshape(spec, [1]), [dtype])[0]
         return b + 1, parts.write(b, tf.gather(values, layout.held_in_block(lo, hi)))
 
-    parts = tf.TensorArray(dtype, size=blocks, infer_shape=False, element_shape=row_shape)
+    # One more element, empty, so that the concat of no stored block needs no tf.cond.
+    parts = tf.TensorArray(dtype, size=blocks + 1, infer_shape=False, element_shape=row_shape)
+    parts = parts.write(blocks, tf.zeros([0] + full_shape[1:], dtype))
     _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts],
                              parallel_iterations=1)
-    return tf.cond(blocks > 0, parts.concat, lambda: tf.zeros([0] + full_shape[1:], dtype))
+    return parts.concat()

@@ -45,7 +45,7 @@ from collective.runtime import heartbeat
 from collective.checkpoint import hash_tables, incremental, layout, manifest, touched
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of
-from collective.tf_internals import checkpoint_management, compat, io_ops, saver_lib, training_util
+from collective.tf_internals import checkpoint_management, compat, extending, io_ops, saver_lib, training_util
 
 logger = logging.getLogger("collective.checkpoint")
 
@@ -117,11 +117,17 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             self._expected_shapes[hash_tables.keys_key(family.name)] = (None,)
         self._delta_tables = incremental.group_tables(sharded, self._names)
-        with tf.name_scope(self._name or "collective_save"), comm.uncounted():
+        self._whole_in_deltas = [(t, f) for t, f in enumerate(self._families) if f.whole_in_deltas]
+        self._delta_ops_built = False
+        with tf.name_scope(self._name or "collective_save") as scope, comm.uncounted():
+            self._scope = scope
             self._evict_at_save = hash_tables.build_checkpoint_eviction(self._families, incremental.touched_masks)
             self._build_save_ops(self._sharded_vars, saveables)
             self._build_restore_ops(self._sharded_vars, saveables)
-            self._build_delta_ops(saveables)
+            # After every committed save or restore: nothing is marked, and policy tables remember the keys they
+            # hold (so the first delta, whenever its ops are built, holds exactly what changed since then).
+            self._clear_touched = tf.group(touched.clear([table.variables[0] for table in self._delta_tables]),
+                                           *[t.dynamic.snapshot() for t in self._delta_tables if t.dynamic is not None])
         self.saver_def = saver_pb2.SaverDef(
             filename_tensor_name=self._restore_prefix.name, save_tensor_name=self._save_tensor.name,
             restore_op_name=self._restore_op.name, max_to_keep=self._max_to_keep, sharded=True,
@@ -184,6 +190,19 @@ class Saver(saver_lib.Saver):
         for family in self._families:
             hash_tables.build_restore(family, self._restore_prefix, comm.rank(), comm.world_size())
 
+    def _ensure_delta_ops(self) -> None:
+        """Builds the ops of incremental saves and delta restores the first time one is asked for.
+
+        They cost about as much graph as the rest of the saver, and most
+        programs never write or read a delta; a finalized graph is extended
+        (the session runs the new ops like any other).
+        """
+        if self._delta_ops_built:
+            return
+        with extending(self._restore_prefix.graph), tf.name_scope(self._scope), comm.uncounted():
+            self._build_delta_ops(self._saveables)
+        self._delta_ops_built = True
+
     def _build_delta_ops(self, saveables):
         """The ops of incremental saves and of restoring a delta (:mod:`.incremental`)."""
         self._delta_part = tf.compat.v1.placeholder(tf.string, [], name="delta_part_prefix")
@@ -202,7 +221,6 @@ class Saver(saver_lib.Saver):
             with tf.name_scope("restore_delta"):
                 incremental.build_restore(table, self._delta_prefix, comm.rank(), comm.world_size(), self._names)
         # Counter tables of vocabulary policies: whole in every delta, by the full save's ops (fed the delta's part).
-        self._whole_in_deltas = [(t, f) for t, f in enumerate(self._families) if f.whole_in_deltas]
         for _, family in self._whole_in_deltas:
             rep_names.append(row_splits_key(family.name))
             rep_specs.append("")
@@ -210,9 +228,6 @@ class Saver(saver_lib.Saver):
         self._delta_replicated_save = io_ops.save_v2(self._delta_replicated, rep_names, rep_specs, rep_tensors)
         self._delta_dense_restore = (saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
             self._delta_prefix, saveables, restore_sequentially=False, reshape=False) if saveables else tf.no_op())
-        # After every committed save or restore: nothing is marked, and policy tables remember the keys they hold.
-        self._clear_touched = tf.group(touched.clear([table.variables[0] for table in self._delta_tables]),
-                                       *[t.dynamic.snapshot() for t in self._delta_tables if t.dynamic is not None])
 
     # ------------------------------------------------------------------ save
 
@@ -297,6 +312,7 @@ class Saver(saver_lib.Saver):
                                   "has not moved since it was saved); save a later step")
         parts_dir = prefix + "_temp"
         n, rank = comm.world_size(), comm.rank()
+        self._ensure_delta_ops()
         part = os.path.join(parts_dir, f"part-{rank:05d}-of-{n:05d}")
         replicated_part = os.path.join(parts_dir, "replicated")
         rows: List[int] = []
@@ -427,6 +443,8 @@ class Saver(saver_lib.Saver):
         if self.resume_chains and not manifest.is_delta(prefix):
             prefix = self._newest_chain_on(prefix)
         chain = manifest.verify_chain(prefix)
+        if chain.deltas:
+            self._ensure_delta_ops()
         unpoliced = self._restore_full(sess, chain.base)
         for delta in chain.deltas:
             logger.info("Restoring incremental checkpoint %s", delta)

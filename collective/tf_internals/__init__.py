@@ -58,6 +58,7 @@ embedding.hash_table).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from typing import List, Optional
 
@@ -153,8 +154,22 @@ def control_flow_context(graph: tensorflow.Graph):
     return graph._get_control_flow_context()  # pylint: disable=protected-access
 
 
+@contextlib.contextmanager
+def extending(graph: tensorflow.Graph):
+    """Lets ops be added to ``graph`` even if it is finalized (it is finalized again after); sessions pick them up."""
+    finalized = graph.finalized
+    if finalized:
+        graph._unsafe_unfinalize()  # pylint: disable=protected-access
+    try:
+        with graph.as_default():
+            yield graph
+    finally:
+        if finalized:
+            graph.finalize()
+
+
 __all__ = [
-    "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context",
+    "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context", "extending",
     "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "clip_ops", "compat",
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
     "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",

@@ -94,27 +94,24 @@ def checked_ids(ids: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     """``ids`` as int64, with an assertion that names the table when one is out of range.
 
     Hash-table vocabularies take every int64 key: nothing to check. The
-    check itself is two reductions; the offending ids are only looked for
-    when it fails.
+    check is the two reductions whose values the error reports (the
+    batch's smallest and largest id, one of them offending); it is a plain
+    ``Assert`` op, with no ``tf.cond`` to build per lookup.
     """
     ids = tf.cast(ids, tf.int64)
     if info.hash_index is not None:
         return ids
-    valid = tf.logical_and(tf.reduce_min(ids) >= 0, tf.reduce_max(ids) < info.vocab)
-
-    def fail() -> tf.Tensor:
-        bad = tf.boolean_mask(ids, tf.logical_or(ids < 0, ids >= info.vocab))
-        check = tf.debugging.Assert(
-            False,
-            [f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): "
-             "fix the feature that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the "
-             "ids before the lookup. First offending ids:", bad[:10]],
-            summarize=10)
-        with tf.control_dependencies([check]):
-            return tf.identity(valid)
-
-    with tf.control_dependencies([tf.cond(valid, lambda: valid, fail)]):
+    smallest, largest = tf.reduce_min(ids), tf.reduce_max(ids)
+    valid = tf.logical_and(smallest >= 0, largest < info.vocab)
+    check = tf.raw_ops.Assert(condition=valid, data=[
+        f"embedding table {info.name} has {info.vocab} rows but got ids outside [0, {info.vocab}): fix the feature "
+        "that feeds it (negative ids or ids >= the vocabulary size), or hash or clip the ids before the lookup. "
+        f"{OUT_OF_RANGE_EXTREMES}", smallest, largest], summarize=10)
+    with tf.control_dependencies([check]):
         return tf.identity(ids)
+
+
+OUT_OF_RANGE_EXTREMES = "Smallest and largest id of the batch:"
 
 
 def prepare(req: Request) -> Prepared:
