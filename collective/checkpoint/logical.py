@@ -135,7 +135,8 @@ def assign_slot_rows(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tenso
         held = rows >= 0
         shape = tf.shape(slot)
         if getattr(index, "growth", None) is not None:  # as many rows as the index has grown to, at least
-            shape = tf.concat([[tf.maximum(shape[0], tf.cast(index.allocated(), tf.int32))], shape[1:]], axis=0)
+            shape = tf.raw_ops.VariableShape(input=slot.handle, out_type=tf.int64)
+            shape = tf.concat([[tf.maximum(shape[0], index.allocated())], shape[1:]], axis=0)
         reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), shape), read_value=False)
     with tf.control_dependencies([reset] if reset is not None else []):
         return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))

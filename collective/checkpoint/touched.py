@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective.embedding import tables
+from collective.embedding.hash_table.growth import hidden
 from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.checkpoint")
@@ -146,8 +147,8 @@ def _rows_of(table: tf.Variable) -> _Rows:
     rows = getattr(table, _ATTRIBUTE, None)
     if rows is None:
         local, growing = shard_of(table).local_rows, _growth(table) is not None
-        if growing:
-            local = _growth(table).sizes[0]
+        if growing:  # its initial rows, of a length static shape inference does not see
+            local = hidden(_growth(table).sizes[0])
         with tf.init_scope():
             eager = tf.executing_eagerly()
             rows = _Rows(_new_state(table, "touched_rows", tf.zeros([local], tf.bool), growing),
@@ -323,8 +324,11 @@ def clear(tables_: Iterable[tf.Variable]) -> tf.Operation:
     ops = []
     for table in tables_:
         rows = _rows_of(table)
-        cleared = tf.zeros([rows.mask.shape[0]], tf.bool) if rows.mask.shape.is_fully_defined() else \
-            tf.zeros_like(_read(rows, rows.mask))  # a growing table's rows now
+        if rows.mask.shape.is_fully_defined():
+            cleared = tf.zeros([rows.mask.shape[0]], tf.bool)
+        else:  # a growing table's rows now
+            with tf.control_dependencies(_ready(rows, rows.mask)):
+                cleared = tf.zeros(tf.raw_ops.VariableShape(input=rows.mask.handle), tf.bool)
         ops.append(tf.raw_ops.AssignVariableOp(resource=rows.mask.handle, value=cleared))
         ops.append(tf.raw_ops.AssignVariableOp(resource=rows.every.handle, value=tf.constant(False)))
     return tf.group(*ops)

@@ -1,4 +1,4 @@
-"""Vocabulary policies (admission, eviction, LRU/LFU at capacity): data, model, and a numpy model of the decisions.
+"""Vocabulary policies (admission, eviction, LRU/LFU at capacity) and growth: data, model, a numpy model of the decisions.
 
 Workers train a small model on one hash table with a policy on their share
 of each global batch. The tests compare every worker count with the
@@ -6,7 +6,9 @@ of each global batch. The tests compare every worker count with the
 counts, last-seen steps), and the 1-worker run's decisions (which keys are
 held after each step, with which count and last step) with
 :class:`PolicyModel`, an independent numpy model of
-``collective.embedding.hash_table.policy``.
+``collective.embedding.hash_table.policy``. Growing tables (``GROWTH``) start
+below their capacity; each ``TWINS`` pair trains the same data with the same
+policy, one growing and one allocated at its capacity, to be compared bit for bit.
 """
 
 import pathlib
@@ -28,7 +30,16 @@ CASES = {
     "lru": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
     "lfu": (dict(evict_strategy="lfu", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3,
                  min_count=2, counter_steps_to_live=4), "Adagrad", 8, 42),
+    "none": (dict(), "Adam", 8, None),
+    "none_grow": (dict(), "Adam", 8, None),
+    "lru_grow": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
 }
+# initial_capacity_per_worker of the growing cases: admit (its counter table grows too) is also the checkpoint
+# restored on another worker count; lru_grow's load factor 0.7 makes its sizes 5, 11, 22 (then 42 on one worker,
+# which it reaches before the LRU rule fires at 60% of 42), 5, 11, 21 on two workers.
+GROWTH = {"admit": 4, "none_grow": 2, "lru_grow": 4}
+LOAD_FACTOR = {"lru_grow": 0.7}
+TWINS = {"none_grow": "none", "lru_grow": "lru"}  # growing case: the same case allocated at its capacity
 BACKENDS = ("hb", "sok")
 # The owner side of a lookup is the same code on both backends: sok runs the cases whose exchange matters most
 # (admission: keys repeated across workers, counted once by their owner), hb all of them and the checkpoint round
@@ -44,7 +55,7 @@ def capacity(case: str, n: int) -> int:
 
 def global_batch(case: str, step: int):
     """Dense keys [B, 2] from a window drifting by 5 keys a step (old keys go cold, new ones arrive), labels [B, 1]."""
-    rng = np.random.default_rng(1000 * list(CASES).index(case) + step)
+    rng = np.random.default_rng(1000 * list(CASES).index(TWINS.get(case, case)) + step)
     window = np.arange(5 * step, 5 * step + 14, dtype=np.int64)
     keys = rng.choice(window, (BATCH, 2))
     labels = rng.integers(0, 2, (BATCH, 1)).astype(np.float32)
@@ -58,7 +69,7 @@ def local_batch(case: str, step: int, rank: int, size: int):
 
 
 def build(strategy, case: str, n: int, with_optimizer: bool = True):
-    """The model on one hash table with ``case``'s policy: ``(table, keys, labels, loss, train_op)``."""
+    """The model on one hash table with ``case``'s policy: ``(table, keys, labels, loss, train_op, optimizer)``."""
     from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
 
     policy, optimizer, _, _ = CASES[case]
@@ -68,14 +79,15 @@ def build(strategy, case: str, n: int, with_optimizer: bool = True):
     with strategy.embedding_scope():
         table = hash_table.hash_embedding_variable(
             "table", DIM, capacity(case, n), initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=SEED),
-            **policy)
+            initial_capacity_per_worker=GROWTH.get(case), load_factor=LOAD_FACTOR.get(case, 0.5), **policy)
     e = tf.reshape(tf.nn.embedding_lookup(table, keys), [-1, 2 * DIM])
     w = tf.compat.v1.get_variable("w", [2 * DIM, 1], initializer=tf.compat.v1.constant_initializer(
         np.linspace(-0.4, 0.4, 2 * DIM).reshape(-1, 1)))
     logits = tf.matmul(e, w)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    train_op = make_optimizer(optimizer).minimize(loss, global_step=step) if with_optimizer else None
-    return table, keys, labels, loss, train_op
+    opt = make_optimizer(optimizer) if with_optimizer else None
+    train_op = opt.minimize(loss, global_step=step) if with_optimizer else None
+    return table, keys, labels, loss, train_op, opt
 
 
 class PolicyModel:

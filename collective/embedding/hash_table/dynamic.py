@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.embedding.hash_table.growth import initial_row, padded
+from collective.embedding.hash_table.growth import initial_row, padded, shape_of_rows
 from collective.embedding.hash_table.local_variables import plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy
 from collective.embedding.table import shard_of
@@ -266,10 +266,14 @@ class DynamicVocabulary:
         ops = [_compact(var, survivors, row, index.rows_of(var)) for var, row in moved]
         for current, mask in (row_masks(values) if row_masks is not None else []):
             never = tf.constant(_never_marked(mask), mask.dtype.base_dtype)
-            if index.growth is not None:  # a mask not marked since the table grew: as long as the rows first
-                current = padded(current, index.allocated(), np.array(_never_marked(mask)))
-            freed = tf.fill([tf.size(current, out_type=tf.int32) - tf.size(survivors)]
-                            if index.growth is not None else [index.capacity - tf.size(survivors)], never)
+            if index.growth is None:
+                freed = tf.fill([index.capacity - tf.size(survivors)], never)
+            else:  # a mask not marked since the table grew is first padded to the index's rows
+                with tf.control_dependencies([current]):
+                    have = shape_of_rows(mask)
+                rows = tf.maximum(have, index.allocated())
+                current = padded(current, have, rows, np.array(_never_marked(mask)))
+                freed = tf.fill([rows - tf.size(survivors, out_type=tf.int64)], never)
             ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
                 [tf.gather(current, survivors), freed], axis=0)))
         ops.append(index.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))

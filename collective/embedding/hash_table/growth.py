@@ -67,29 +67,44 @@ class Growth:
         return None
 
 
+def hidden(count: int) -> tf.Tensor:
+    """``count`` as an int64 scalar whose value static shape inference does not see.
+
+    Grappler infers a resource variable's shape from the values assigned to it in the graph it optimises; a
+    growing table's variables get only values of unknown length (initial values, resets), or it would fold
+    ``tf.shape`` of a read to the initial size.
+    """
+    return tf.compat.v1.placeholder_with_default(tf.constant(int(count), tf.int64), [])
+
+
 def shape_of_rows(var: tf.Variable) -> tf.Tensor:
     """Rows ``var`` holds now (int64), read from the variable without reading its value."""
     return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
 
 
-def padded(value: tf.Tensor, rows: tf.Tensor, fill: np.ndarray) -> tf.Tensor:
-    """``value`` with rows of ``fill`` appended up to ``rows`` rows (unchanged when it has as many or more)."""
-    missing = tf.maximum(rows - tf.shape(value, out_type=tf.int64)[0], 0)
-    extra = tf.broadcast_to(tf.constant(fill, value.dtype), tf.concat([[missing], tf.shape(value, out_type=tf.int64)[1:]],
-                                                                       axis=0))
+def padded(value: tf.Tensor, have: tf.Tensor, rows: tf.Tensor, fill: np.ndarray) -> tf.Tensor:
+    """``value`` (``have`` rows) with rows of ``fill`` appended up to ``rows`` rows (unchanged when it has as many).
+
+    Row counts come from the variables (:func:`shape_of_rows`), never from ``tf.shape`` of a read: Grappler may
+    fold that to the shape the variable was first assigned.
+    """
+    missing = tf.maximum(rows - have, 0)
+    extra = tf.broadcast_to(tf.constant(fill, value.dtype),
+                            tf.concat([[missing], tf.constant(fill.shape, tf.int64)], axis=0))
     return tf.concat([value, extra], axis=0)
 
 
 def grow_variable(var: tf.Variable, rows: tf.Tensor, fill: np.ndarray) -> tf.Operation:
     """Op padding ``var`` with rows of ``fill`` up to ``rows`` rows, when it holds fewer."""
+    have = shape_of_rows(var)
 
     def grow():
         value = tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype.base_dtype)
         with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=var.handle,
-                                                                  value=padded(value, rows, fill))]):
+                                                                  value=padded(value, have, rows, fill))]):
             return tf.constant(True)
 
-    return tf.cond(shape_of_rows(var) < rows, grow, lambda: tf.constant(False)).op
+    return tf.cond(have < rows, grow, lambda: tf.constant(False)).op
 
 
 def initial_row(slot: tf.Variable, table: str) -> np.ndarray:

@@ -113,8 +113,8 @@ class HashTable:
             return plain_variable(name, [self.num_slots + 1], tf.int64, tf.compat.v1.constant_initializer(empty),
                                   collections)
         first = self.growth.slots[0] + 1
-        return plain_variable(name, [None], tf.int64, lambda: tf.fill([first], tf.constant(empty, tf.int64)),
-                              collections)
+        return plain_variable(name, [None], tf.int64,
+                              lambda: tf.fill([growth.hidden(first)], tf.constant(empty, tf.int64)), collections)
 
     def __repr__(self) -> str:
         grows = "" if self.growth is None else f", initial={self.growth.sizes[0]}"
@@ -134,7 +134,8 @@ class HashTable:
                                   tf.compat.v1.constant_initializer(fill), collections)
         rows = self.growth.sizes[0]
         var = plain_variable(name, [None] + list(shape), dtype,
-                             lambda: tf.fill([rows] + list(shape), tf.constant(fill, dtype)), collections)
+                             lambda: tf.fill([growth.hidden(rows)] + list(shape), tf.constant(fill, dtype)),
+                             collections)
         self.grows_with_index(var, fill)
         return var
 
@@ -367,7 +368,7 @@ class HashTable:
 
         A growing index goes back to its initial slots (the other per-row variables keep their rows).
         """
-        slots = self.num_slots if self.growth is None else self.growth.slots[0]
+        slots = self.num_slots if self.growth is None else growth.hidden(self.growth.slots[0])
         return tf.group(self.keys_var.assign(tf.fill([slots + 1], tf.constant(EMPTY_KEY, tf.int64))),
                         self.rows_var.assign(tf.fill([slots + 1], tf.constant(-1, tf.int64))),
                         self.size_var.assign(tf.constant(0, tf.int64)), name=f"clear_{op_name(self.name)}")

@@ -16,7 +16,7 @@ import tensorflow as tf
 from collective import comm
 from collective.embedding import modes
 from collective.embedding.hash_table.export import export_variable
-from collective.embedding.hash_table.growth import Growth
+from collective.embedding.hash_table.growth import Growth, hidden
 from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
 from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy, policy_from
@@ -120,8 +120,8 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
                                     tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
         else:
             rows, dtype = plan.sizes[0], tf.as_dtype(dtype)
-            values = plain_variable(name, [None, int(dim)], dtype, lambda: tf.zeros([rows, int(dim)], dtype),
-                                    collections, trainable=trainable)
+            values = plain_variable(name, [None, int(dim)], dtype,
+                                    lambda: tf.zeros([hidden(rows), int(dim)], dtype), collections, trainable=trainable)
         table = HashTable(values.op.name, dim, capacity_per_worker, initializer, dtype, load_factor,
                           index_scope=name + "/hash_index", policy=policy, initial_capacity=initial)
     table.values = values
