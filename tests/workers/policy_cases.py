@@ -31,15 +31,15 @@ CASES = {
     "lfu": (dict(evict_strategy="lfu", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3,
                  min_count=2, counter_steps_to_live=4), "Adagrad", 8, 42),
     "none": (dict(), "Adam", 8, None),
-    "none_grow": (dict(), "Adam", 8, None),
-    "lru_grow": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
+    "grow_none": (dict(), "Adam", 8, None),
+    "grow_lru": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
 }
 # initial_capacity_per_worker of the growing cases: admit (its counter table grows too) is also the checkpoint
-# restored on another worker count; lru_grow's load factor 0.7 makes its sizes 5, 11, 22 (then 42 on one worker,
+# restored on another worker count; grow_lru's load factor 0.7 makes its sizes 5, 11, 22 (then 42 on one worker,
 # which it reaches before the LRU rule fires at 60% of 42), 5, 11, 21 on two workers.
-GROWTH = {"admit": 4, "none_grow": 2, "lru_grow": 4}
-LOAD_FACTOR = {"lru_grow": 0.7}
-TWINS = {"none_grow": "none", "lru_grow": "lru"}  # growing case: the same case allocated at its capacity
+GROWTH = {"admit": 4, "grow_none": 2, "grow_lru": 4}
+LOAD_FACTOR = {"grow_lru": 0.7}
+TWINS = {"grow_none": "none", "grow_lru": "lru"}  # growing case: the same case allocated at its capacity
 BACKENDS = ("hb", "sok")
 # The owner side of a lookup is the same code on both backends: sok runs the cases whose exchange matters most
 # (admission: keys repeated across workers, counted once by their owner), hb all of them and the checkpoint round
