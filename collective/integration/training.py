@@ -220,8 +220,8 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     tables.watch_slots(optimizer, table_growth.remember_slot)
-    table_growth.watch_updates(optimizer)  # a growing hash table's slots grow before its rows are updated
     pairs = average_gradients(grads_and_vars)
+    table_growth.watch_updates(optimizer, [v for _, v in pairs])  # a growing table's slots grow before updates
     done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
     upkeep = dynamic_vocabulary.upkeep_ops(pairs, after, incremental.touched_masks)

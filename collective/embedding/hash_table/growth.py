@@ -24,7 +24,7 @@ Allocations never shrink.
 from __future__ import annotations
 
 import functools
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -144,11 +144,21 @@ def remember_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     return slot
 
 
-def watch_updates(optimizer):
+def watch_updates(optimizer, variables: Iterable = ()):
     """Makes ``optimizer``'s sparse updates of a growing table's rows first grow its slots; returns it.
 
-    Idempotent (the method is wrapped once per optimizer object).
+    Idempotent (the method is wrapped once per optimizer object). Raises ``ValueError`` naming the table when
+    one of ``variables`` is a growing table and ``optimizer`` is not a ``tf.compat.v1.train`` optimizer (Keras
+    optimizers make slots of the table's static shape, which a growing table does not have).
     """
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        for var in variables:
+            info = shard_of(var)
+            if getattr(info.hash_index if info is not None else None, "growth", None) is not None:
+                raise ValueError(f"hash table {info.hash_index.name} grows (initial_capacity_per_worker), and "
+                                 f"{type(optimizer).__name__} cannot make slots for a table of unknown size; train it "
+                                 "with a tf.compat.v1.train optimizer, or allocate it at its capacity (no "
+                                 "initial_capacity_per_worker / DynamicVariable(init_capacity=max_capacity))")
     state = optimizer.__dict__
     if state.get("_collective_growth_watched"):
         return optimizer
