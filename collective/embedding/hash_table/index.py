@@ -8,7 +8,9 @@ densely in order of first occurrence), so the CUDA table can replace it: its
 batched insert probes all new keys in parallel, one probe step per
 ``tf.while_loop`` iteration, and when several new keys want the same empty
 slot the earliest key in the batch takes it. Rows therefore depend only on
-the order keys arrive in, never on thread timing.
+the order keys arrive in, never on thread timing, nor on the allocation: a
+growing index (:mod:`.growth`) has ``keys``/``rows`` of unknown length, read
+as a tensor by the probe loops.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Creating a hash-table vocabulary: this worker's values variable, tagged as a table, and its index.
 
-The values variable ``[capacity_per_worker, dim]`` is the local shard, tagged
+The values variable ``[capacity_per_worker, dim]`` (``[None, dim]`` for a table
+growing from ``initial_capacity_per_worker``, :mod:`.growth`) is the local shard, tagged
 with a :class:`~collective.embedding.table.ShardInfo` whose ``hash_index``
 is this worker's :class:`~collective.embedding.hash_table.index.HashTable`.
 It is trained like any sharded table (gradients arrive as ``IndexedSlices``;
