@@ -147,9 +147,9 @@ def _rows_of(table: tf.Variable) -> _Rows:
     rows = getattr(table, _ATTRIBUTE, None)
     if rows is None:
         local, growing = shard_of(table).local_rows, _growth(table) is not None
-        if growing:  # its initial rows, of a length static shape inference does not see
-            local = hidden(_growth(table).sizes[0])
         with tf.init_scope():
+            if growing:  # its initial rows, of a length static shape inference does not see
+                local = hidden(_growth(table).sizes[0])
             eager = tf.executing_eagerly()
             rows = _Rows(_new_state(table, "touched_rows", tf.zeros([local], tf.bool), growing),
                          _new_state(table, "touched_every_row", tf.constant(False)), eager)
