@@ -342,8 +342,8 @@ class HashTable:
             [_zero_like(num_slots), home_slots(new_keys, num_slots), tf.logical_not(special)])
         with tf.control_dependencies([pos]):
             special_rows = tf.boolean_mask(new_rows, special)
-            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), tf.cast(num_slots, tf.int64)),
-                            special_rows)
+            extra = tf.cast(num_slots, tf.int64) if tf.is_tensor(num_slots) else tf.constant(num_slots, tf.int64)
+            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), extra), special_rows)
 
     def entries(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(keys, rows)`` held on this worker, ordered by row."""
