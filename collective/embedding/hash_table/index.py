@@ -161,9 +161,9 @@ class HashTable:
 
     def catch_up(self, var: tf.Variable, fill=None) -> Optional[tf.Operation]:
         """Op growing per-row ``var`` (registered, or with rows of ``fill``) to the index's allocation; None when
-        the table does not grow."""
-        if self.growth is None:
-            return None
+        the table does not grow or ``var`` grows with the index."""
+        if self.growth is None or any(var is known for known, _ in self.growth.with_index):
+            return None  # grown with the index
         row = self.growth.fill_of(var) if fill is None else \
             np.full(var.shape[1:].as_list(), fill, var.dtype.base_dtype.as_numpy_dtype)
         if row is None:  # a slot made where no listener registered it: its initial value says how it starts
@@ -176,8 +176,14 @@ class HashTable:
             return self.num_slots
         return growth.shape_of_rows(self.keys_var) - 1
 
-    def _grow_to(self, needed: tf.Tensor) -> tf.Operation:
-        """Op growing the index (rehashed) and the variables grown with it to the first size holding ``needed``."""
+    def _grow_to(self, needed: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        """Grows to the first size holding ``needed`` rows when the allocation is smaller.
+
+        The probe arrays are emptied at their new size and the variables grown
+        with the index padded; returns the held ``(keys, rows)`` the caller
+        places again with its new keys (one probe loop), or empty tensors when
+        it did not grow.
+        """
         plan = self.growth
 
         def grow():
@@ -187,14 +193,18 @@ class HashTable:
             slots = tf.gather(tf.constant(plan.slots, tf.int64), step)
             keys, rows = self.entries()
             with tf.control_dependencies([keys, rows]):
-                resized = self._reset_slots(slots)
-            with tf.control_dependencies([resized]):
-                placed = self._place(tf.identity(keys), rows)
-            grown = [growth.grow_variable(var, size, row) for var, row in plan.with_index]
-            with tf.control_dependencies([placed] + grown):
-                return tf.constant(True)
+                resized = [self._reset_slots(slots)]
+            for var, row in plan.with_index:
+                value = tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype.base_dtype)
+                resized.append(tf.raw_ops.AssignVariableOp(
+                    resource=var.handle, value=growth.padded(value, growth.shape_of_rows(var), size, row)))
+            with tf.control_dependencies(resized):
+                return tf.identity(keys), tf.identity(rows)
 
-        return tf.cond(needed > self.allocated(), grow, lambda: tf.constant(False)).op
+        def keep():
+            return tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)
+
+        return tf.cond(needed > self.allocated(), grow, keep)
 
     def _reset_slots(self, slots) -> tf.Operation:
         """Empties the probe arrays, ``slots + 1`` long (the size is kept by :meth:`clear`)."""
@@ -278,11 +288,12 @@ class HashTable:
                                        [self.full_message(), start, count, self.FULL_ADVICE])
             with tf.control_dependencies([fits]):
                 new_keys = tf.identity(new_keys)
-        if self.growth is not None:
-            with tf.control_dependencies([self._grow_to(tf.minimum(start + count, self.capacity))]):
-                new_keys = tf.identity(new_keys)
         new_rows = start + tf.range(count)
-        placed = self._place(new_keys, new_rows)
+        if self.growth is None:
+            placed = self._place(new_keys, new_rows)
+        else:  # after a growth the held keys are placed again with the new ones, in the same probe loop
+            held_keys, held_rows = self._grow_to(tf.minimum(start + count, self.capacity))
+            placed = self._place(tf.concat([held_keys, new_keys], 0), tf.concat([held_rows, new_rows], 0))
         with tf.control_dependencies([placed]):
             grown = self.size_var.assign_add(count, read_value=False)
         with tf.control_dependencies([grown]):
