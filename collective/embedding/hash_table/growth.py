@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from collective.embedding.table import shard_of
 from collective.kernels.validation import check_table_shape
+from collective.tf_internals import set_initializer
 
 _SPARSE_APPLY = "_resource_apply_sparse_duplicate_indices"
 """The method every ``tf.compat.v1.train`` and legacy Keras optimizer updates a resource variable's rows with."""
@@ -140,7 +141,15 @@ def remember_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
         raise ValueError(f"hash table {index.name} grows, and its optimizer slot {slot.name} of shape {slot.shape} "
                          "is not one row per key; use a tf.compat.v1.train optimizer (Adagrad, Adam, Momentum, ...) "
                          "or allocate the table at its capacity (no initial_capacity_per_worker)")
-    growth.lagging.append((slot, initial_row(slot, index.name)))
+    row = initial_row(slot, index.name)
+    growth.lagging.append((slot, row))
+    # TF1 Adagrad's slot starts as fill(shape(table)), read without waiting for the table's initializer (a
+    # race in global_variables_initializer); it starts at the table's initial rows instead, then catches up.
+    with tf.init_scope():
+        start = tf.broadcast_to(tf.constant(row, slot.dtype.base_dtype),
+                                tf.concat([[hidden(growth.sizes[0])], tf.constant(row.shape, tf.int64)], axis=0))
+        set_initializer(slot, tf.raw_ops.AssignVariableOp(resource=slot.handle, value=start,
+                                                          name=slot.op.name.replace("/", "_") + "_initial_rows"))
     return slot
 
 
