@@ -15,18 +15,40 @@ from workers import policy_cases as cases
 WORKERS = [1, 2, 3]
 
 
+class _Runs:
+    """Per worker count: the per-rank results, launched when a test first needs them (each launch then counts
+    against that test's timeout alone). Each job restores the previous one's checkpoint chain: 1 -> 1, 1 -> 2,
+    2 -> 3, so a worker count launches the smaller ones first; a failed launch fails every test that needs it."""
+
+    def __init__(self, base: pathlib.Path):
+        self.base = base
+        self.outcomes = {}
+
+    def out(self, n: int) -> pathlib.Path:
+        return self.base / f"policy-{n}"
+
+    def __getitem__(self, n: int):
+        if n not in self.outcomes:
+            prev = "-"
+            if n != WORKERS[0]:
+                self[n - 1]  # pylint: disable=pointless-statement  (launched, or its failure raised)
+                prev = self.out(n - 1)
+            try:
+                self.out(n).mkdir(parents=True, exist_ok=True)
+                run_workers("policy_worker.py", n, [self.out(n), prev], timeout=600)
+                self.outcomes[n] = (True, load_rank_results(self.out(n), n))
+            except Exception as err:  # pylint: disable=broad-except
+                self.outcomes[n] = (False, err)
+        ok, value = self.outcomes[n]
+        if not ok:
+            raise value
+        return value
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Per worker count: the per-rank results (run once, in order 1, 2, 3)."""
-    base = pathlib.Path(tmp_path_factory.getbasetemp())
-    results, prev = {}, "-"
-    for n in WORKERS:  # each job restores the previous one's checkpoint chain: 1 -> 1, 1 -> 2, 2 -> 3
-        out = base / f"policy-{n}"
-        out.mkdir(parents=True, exist_ok=True)
-        run_workers("policy_worker.py", n, [out, prev], timeout=600)
-        results[n] = load_rank_results(out, n)
-        prev = out
-    return results
+    """Per worker count (1, 2, 3): the per-rank results, launched on first use."""
+    return _Runs(pathlib.Path(tmp_path_factory.getbasetemp()))
 
 
 def merged(res, prefix: str, field: str):
