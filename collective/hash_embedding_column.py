@@ -102,7 +102,11 @@ class EmbeddingVariableOption:
     Args:
       capacity_per_worker: keys one worker may hold (default
         :data:`DEFAULT_CAPACITY_PER_WORKER`); a training batch that would
-        exceed it fails naming the table.
+        exceed it fails naming the table (unless a policy evicts).
+      initial_capacity_per_worker: rows allocated at first; below
+        ``capacity_per_worker`` the table grows up to it (DeepRec's
+        EmbeddingVariable grows without bound; here it is bounded by
+        ``capacity_per_worker``). Default: allocated at ``capacity_per_worker``.
       load_factor: fraction of the index's probe slots that may be filled.
       init_option: an :class:`InitializerOption`; its initializer replaces
         ``embedding_column``'s, its ``default_value_no_permission`` is what
@@ -124,12 +128,14 @@ class EmbeddingVariableOption:
                  init_option: Optional[InitializerOption] = None, ht_type=None, ht_partition_num=None,
                  evict_option=None, filter_option=None, storage_option=None, evict_every_steps: Optional[int] = None,
                  counter_capacity: Optional[int] = None, evict_strategy: Optional[str] = None,
-                 evict_at_checkpoint: Optional[bool] = None):
+                 evict_at_checkpoint: Optional[bool] = None,
+                 initial_capacity_per_worker: Optional[int] = None):
         if storage_option is not None:
             raise NotImplementedError("EmbeddingVariableOption(storage_option=...) is not supported by collective's "
                                       "hash tables; leave it None")
         del ht_type, ht_partition_num
         self.capacity_per_worker = capacity_per_worker
+        self.initial_capacity_per_worker = initial_capacity_per_worker
         self.load_factor = load_factor
         self.init_option = init_option
         self.policy = _policy_of(init_option, filter_option, evict_option, evict_every_steps, counter_capacity,
@@ -202,13 +208,15 @@ def categorical_column_with_embedding(key: str, dtype=tf.int64, partition_num=No
     init_option = getattr(option, "init_option", None)
     initializer = getattr(init_option, "initializer", None)
     return HashEmbeddingCategoricalColumn(key, dtype, int(capacity), float(getattr(option, "load_factor", 0.5)),
-                                          initializer, getattr(option, "policy", None))
+                                          initializer, getattr(option, "policy", None),
+                                          getattr(option, "initial_capacity_per_worker", None))
 
 
 class HashEmbeddingCategoricalColumn(
         fc.CategoricalColumn, fc_old._CategoricalColumn,  # pylint: disable=protected-access
         collections.namedtuple("HashEmbeddingCategoricalColumn",
-                               ("key", "dtype", "capacity_per_worker", "load_factor", "initializer", "policy"))):
+                               ("key", "dtype", "capacity_per_worker", "load_factor", "initializer", "policy",
+                                "initial_capacity_per_worker"))):
     """See :func:`categorical_column_with_embedding`."""
 
     @property
@@ -282,13 +290,14 @@ class HashEmbeddingCategoricalColumn(
 
     def get_config(self):
         return {"key": self.key, "dtype": self.dtype.name, "capacity_per_worker": self.capacity_per_worker,
-                "load_factor": self.load_factor, "initializer": None}
+                "load_factor": self.load_factor, "initializer": None,
+                "initial_capacity_per_worker": self.initial_capacity_per_worker}
 
     @classmethod
     def from_config(cls, config, custom_objects=None, columns_by_name=None):
         del custom_objects, columns_by_name
         return cls(config["key"], tf.as_dtype(config["dtype"]), config["capacity_per_worker"],
-                   config["load_factor"], None, None)
+                   config["load_factor"], None, None, config.get("initial_capacity_per_worker"))
 
 
 def _export_rows(keys: tf.SparseTensor, table_name: str) -> tf.SparseTensor:
@@ -325,7 +334,8 @@ def _create_table_on_next_get(scope, table_name: str, column: HashEmbeddingCateg
         return hash_table.hash_embedding_variable(
             _WEIGHTS, int(shape[-1]), column.capacity_per_worker, initializer=initializer, dtype=dtype,
             trainable=kwargs.get("trainable", True) is not False, load_factor=column.load_factor,
-            collections=kwargs.get("collections"), policy=column.policy)
+            collections=kwargs.get("collections"), policy=column.policy,
+            initial_capacity_per_worker=column.initial_capacity_per_worker)
 
     hash_table_getter.collective_hash_table = table_name
     scope.set_custom_getter(hash_table_getter)

@@ -180,3 +180,33 @@ def test_column_with_policy_builds_a_policy_table_and_exports_its_default():
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run([index.insert(tf.constant([10], tf.int64), tf.constant([0], tf.int64)), var.assign([[1.0] * 4])])
             np.testing.assert_array_equal(sess.run(emb), [[1.5] * 4])
+
+
+def test_column_with_initial_capacity_grows_and_trains_like_one_allocated_at_capacity():
+    """``EmbeddingVariableOption(initial_capacity_per_worker=2)``: the column's table starts with 2 rows, grows
+    as keys arrive, and trains bit for bit what the same column allocated at its capacity trains."""
+
+    def train(initial):
+        option = cfc.EmbeddingVariableOption(capacity_per_worker=64, initial_capacity_per_worker=initial)
+        column = tf.feature_column.embedding_column(
+            cfc.categorical_column_with_embedding("movie", dtype=tf.int64, ev_option=option), 4, combiner="mean")
+        strategy = CollectiveStrategy("hb")
+        with strategy.scope(), tf.Graph().as_default():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            keys = tf.compat.v1.placeholder(tf.int64, [None, 2])
+            with strategy.embedding_scope(), tf.compat.v1.variable_scope("embedding"):
+                out = tf.compat.v1.feature_column.input_layer({"movie": keys}, [column])
+            train_op = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(tf.square(out - 1.0)),
+                                                                         global_step=step)
+            [table] = tf.compat.v1.get_collection(hash_table.HASH_TABLES_COLLECTION)
+            held, rows = table.entries()
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for i in range(4):
+                    sess.run(train_op, {keys: np.arange(6 * i, 6 * i + 8).reshape(4, 2)})
+                return sess.run([held, tf.gather(table.values, rows), tf.shape(table.values)[0]])
+
+    grown, allocated = train(2), train(None)
+    for a, b in zip(grown[:2], allocated[:2]):
+        np.testing.assert_array_equal(a, b)
+    assert len(grown[0]) == 26 and grown[2] == 32 and allocated[2] == 64

@@ -117,7 +117,10 @@ def insert_rows(index, variables: Sequence[tf.Variable], keys: tf.Tensor, values
     last_insert, index._last_insert = index._last_insert, None  # pylint: disable=protected-access
     rows = index.find_or_insert(keys)
     index._last_insert = last_insert  # pylint: disable=protected-access
-    return tf.group(*[v.scatter_update(tf.IndexedSlices(vals, rows)) for v, vals in zip(variables, values)])
+    with tf.control_dependencies([rows]):  # a growing table's slots grow to the rows the insert may have added
+        grown = [op for op in (index.catch_up(v) for v in variables) if op is not None]
+    with tf.control_dependencies(grown):
+        return tf.group(*[v.scatter_update(tf.IndexedSlices(vals, rows)) for v, vals in zip(variables, values)])
 
 
 def assign_slot_rows(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tensor, initial: tf.Tensor,
@@ -130,6 +133,10 @@ def assign_slot_rows(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tenso
     with tf.control_dependencies([after] if after is not None else []):
         rows = index.find(keys)
         held = rows >= 0
-        reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), tf.shape(slot)), read_value=False)
+        shape = tf.shape(slot)
+        if getattr(index, "growth", None) is not None:  # as many rows as the index has grown to, at least
+            shape = tf.raw_ops.VariableShape(input=slot.handle, out_type=tf.int64)
+            shape = tf.concat([[tf.maximum(shape[0], index.allocated())], shape[1:]], axis=0)
+        reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), shape), read_value=False)
     with tf.control_dependencies([reset] if reset is not None else []):
         return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))

@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective.embedding import tables
+from collective.embedding.hash_table.growth import hidden
 from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.checkpoint")
@@ -125,14 +126,19 @@ def _table(var: tf.Variable) -> tf.Variable:
     return var if owner is None else owner
 
 
-def _new_state(table: tf.Variable, suffix: str, value: tf.Tensor) -> tf.Variable:
-    """A per-worker variable of ``table``'s: created eagerly for an eager table, else in its graph, in no collection."""
+def _new_state(table: tf.Variable, suffix: str, value: tf.Tensor, growing: bool = False) -> tf.Variable:
+    """A per-worker variable of ``table``'s: created eagerly for an eager table, else in its graph, in no collection.
+
+    ``growing``: one value per row of a growing hash table (its first dimension unknown, caught up as it grows).
+    """
     name = shard_of(table).name.replace(":", "_") + "/" + suffix
     with tables.deriving(table):  # per-worker state: never broadcast
         if tf.executing_eagerly():
             return tf.Variable(value, trainable=False, name=name)
         with table.graph.as_default(), table.graph.name_scope(None):
-            return tf.compat.v1.Variable(value, trainable=False, collections=[], name=name, use_resource=True)
+            shape = tf.TensorShape([None]) if growing else None
+            return tf.compat.v1.Variable(value, trainable=False, collections=[], name=name, use_resource=True,
+                                         shape=shape)
 
 
 def _rows_of(table: tf.Variable) -> _Rows:
@@ -140,19 +146,37 @@ def _rows_of(table: tf.Variable) -> _Rows:
     table = _table(table)
     rows = getattr(table, _ATTRIBUTE, None)
     if rows is None:
-        local = shard_of(table).local_rows
+        local, growing = shard_of(table).local_rows, _growth(table) is not None
         with tf.init_scope():
+            if growing:  # its initial rows, of a length static shape inference does not see
+                local = hidden(_growth(table).sizes[0])
             eager = tf.executing_eagerly()
-            rows = _Rows(_new_state(table, "touched_rows", tf.zeros([local], tf.bool)),
+            rows = _Rows(_new_state(table, "touched_rows", tf.zeros([local], tf.bool), growing),
                          _new_state(table, "touched_every_row", tf.constant(False)), eager)
             if getattr(table, _TIMED, False):  # never updated: -inf, before any time asked for
-                rows.times = _new_state(table, "row_update_time", tf.fill([local], tf.constant(-np.inf, tf.float64)))
+                rows.times = _new_state(table, "row_update_time", tf.fill([local], tf.constant(-np.inf, tf.float64)),
+                                        growing)
                 rows.every_time = _new_state(table, "every_row_update_time", tf.constant(-np.inf, tf.float64))
         if not eager:
             with table.graph.as_default():
                 tf.compat.v1.add_to_collection(TOUCHED_COLLECTION, rows.mask)
         setattr(table, _ATTRIBUTE, rows)
     return rows
+
+
+def _growth(table: tf.Variable):
+    """The :class:`~collective.embedding.hash_table.growth.Growth` of a growing hash table, else None."""
+    return getattr(shard_of(table).hash_index, "growth", None)
+
+
+def _caught_up(table: tf.Variable, rows: _Rows, variable: tf.Variable, after: tf.Tensor) -> List:
+    """Control inputs that initialise ``variable`` if needed and, for a growing hash table, grow it to the
+    index's rows (after ``after``: this step's lookups)."""
+    ready = _ready(rows, variable)
+    if _growth(table) is None:
+        return ready
+    with tf.control_dependencies(ready + [after]):
+        return [shard_of(table).hash_index.catch_up(variable, fill=never_value(variable.dtype))]
 
 
 def mask_of(table: tf.Variable) -> tf.Variable:
@@ -180,7 +204,8 @@ def records_update_times(table: tf.Variable) -> bool:
 def _never(variable: tf.Variable) -> tf.Tensor:
     """``variable``'s value before any update: not marked (bool), or updated at -inf (an update time)."""
     dtype = variable.dtype.base_dtype
-    return tf.fill(variable.shape, tf.constant(never_value(dtype), dtype))
+    shape = variable.shape if variable.shape.is_fully_defined() else tf.shape(variable.initial_value)
+    return tf.fill(shape, tf.constant(never_value(dtype), dtype))
 
 
 def _ready(rows: _Rows, variable: tf.Variable) -> List[tf.Tensor]:
@@ -215,11 +240,11 @@ def mark(optimizer, grads_and_vars: Iterable) -> List[tf.Operation]:
             now = tf.timestamp()
         if row_local and isinstance(grad, tf.IndexedSlices):
             local = tf.cast(tf.reshape(grad.indices, [-1]), tf.int64)
-            with tf.control_dependencies(_ready(rows, rows.mask)):
+            with tf.control_dependencies(_caught_up(var, rows, rows.mask, local)):
                 ops.append(tf.raw_ops.ResourceScatterUpdate(resource=rows.mask.handle, indices=local,
                                                             updates=tf.ones_like(local, tf.bool)))
             if rows.times is not None:
-                with tf.control_dependencies(_ready(rows, rows.times)):
+                with tf.control_dependencies(_caught_up(var, rows, rows.times, local)):
                     ops.append(tf.raw_ops.ResourceScatterUpdate(
                         resource=rows.times.handle, indices=local, updates=tf.fill(tf.shape(local), now)))
         else:
@@ -299,8 +324,12 @@ def clear(tables_: Iterable[tf.Variable]) -> tf.Operation:
     ops = []
     for table in tables_:
         rows = _rows_of(table)
-        ops.append(tf.raw_ops.AssignVariableOp(resource=rows.mask.handle,
-                                               value=tf.zeros([rows.mask.shape[0]], tf.bool)))
+        if rows.mask.shape.is_fully_defined():
+            cleared = tf.zeros([rows.mask.shape[0]], tf.bool)
+        else:  # a growing table's rows now
+            with tf.control_dependencies(_ready(rows, rows.mask)):
+                cleared = tf.zeros(tf.raw_ops.VariableShape(input=rows.mask.handle), tf.bool)
+        ops.append(tf.raw_ops.AssignVariableOp(resource=rows.mask.handle, value=cleared))
         ops.append(tf.raw_ops.AssignVariableOp(resource=rows.every.handle, value=tf.constant(False)))
     return tf.group(*ops)
 

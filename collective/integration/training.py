@@ -41,6 +41,7 @@ from collective import comm
 from collective.checkpoint import incremental, touched
 from collective.embedding import gradient_norms, tables
 from collective.embedding.hash_table import dynamic as dynamic_vocabulary
+from collective.embedding.hash_table import growth as table_growth
 from collective.embedding.table import shard_of
 from collective.tf_internals import keras_compute_gradients, keras_optimizers, optimizer_lib, patches, variable_v1, \
     variables
@@ -218,7 +219,9 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     (:mod:`collective.embedding.hash_table.dynamic`).
     """
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
+    tables.watch_slots(optimizer, table_growth.remember_slot)
     pairs = average_gradients(grads_and_vars)
+    table_growth.watch_updates(optimizer, [v for _, v in pairs])  # a growing table's slots grow before updates
     done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
     global_step = kwargs.get("global_step", args[0] if args else None)

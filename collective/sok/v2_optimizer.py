@@ -16,6 +16,8 @@ from typing import Dict, Iterable, Tuple
 import tensorflow as tf
 
 from collective.checkpoint import touched
+from collective.embedding import tables
+from collective.embedding.hash_table import growth
 from collective.embedding.table import shard_of
 from collective.sok import slots as sok_slots
 from collective.tf_internals import patches
@@ -30,6 +32,9 @@ class OptimizerWrapper:
 
     def __init__(self, optimizer):
         self._optimizer = sok_slots.watch(optimizer)
+        # A growing DynamicVariable's slots grow before its rows are updated, inside scope() or not.
+        tables.watch_slots(optimizer, growth.remember_slot)
+        growth.watch_updates(optimizer)
 
     @property
     def optimizer(self):

@@ -123,8 +123,11 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
     A key's row is made on its first lookup in training, its first vector
     drawn from ``initializer`` (``"random"``, ``"ones"``, ``"zeros"``, a
     number or a Keras initializer). Each worker holds at most
-    ``max_capacity`` (else ``init_capacity``, else 65536) keys: the table
-    is allocated at that size (no growth from ``init_capacity``). ``var_type``
+    ``max_capacity`` (else ``init_capacity``, else 65536) keys. With both and
+    ``init_capacity < max_capacity`` it allocates ``init_capacity`` rows and
+    grows up to ``max_capacity`` (``hash_embedding_variable``'s
+    ``initial_capacity_per_worker``) in graph mode; otherwise (and eagerly)
+    it is allocated at its capacity. ``var_type``
     (SOK's storage: ``hbm``, ``hybrid``) does not change anything here.
 
     HKV's ``evict_strategy`` (``"kLru"``/``"kLfu"``, or ``"lru"``/``"lfu"``)
@@ -142,11 +145,14 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
     if tf.as_dtype(key_type) not in (tf.int64, tf.int32):
         raise ValueError(f"sok.DynamicVariable '{name}': key_type={key_type!r} must be tf.int64 or tf.int32")
     capacity = int(max_capacity or init_capacity or DEFAULT_CAPACITY)
+    initial = int(init_capacity) if max_capacity and init_capacity and int(init_capacity) < capacity else None
     policy = _policy_keywords(name, kwargs)
     with tf.init_scope():
+        if tf.executing_eagerly():  # growth works in graphs; an eager table is allocated at its capacity
+            initial = None
         var = hash_table.hash_embedding_variable(name, int(dimension), capacity,
                                                  _dynamic_initializer(initializer, name), dtype=dtype,
-                                                 key_dtype=key_type, **policy)
+                                                 key_dtype=key_type, initial_capacity_per_worker=initial, **policy)
     var.m_key_dtype = tf.as_dtype(key_type)
     index = hash_table.table_of(var)
     if isinstance(index, hash_table.HashTable):  # not in an export graph

@@ -51,9 +51,10 @@ name here                    what for                                           
 
 Helpers for private attributes read in more than one place:
 :func:`all_saveable_objects` (``variables._all_saveable_objects``, twice in
-checkpoint.model_dir) and :func:`control_flow_context`
+checkpoint.model_dir), :func:`control_flow_context`
 (``Graph._get_control_flow_context``, for embedding.coalescing and
-embedding.hash_table).
+embedding.hash_table) and :func:`set_initializer` (``ResourceVariable._initializer_op``,
+for a growing hash table's slots).
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ def all_saveable_objects(scope: Optional[str] = None) -> List:
     return variables._all_saveable_objects(scope)  # pylint: disable=protected-access
 
 
+def set_initializer(var, op) -> None:
+    """Makes ``op`` the initializer of graph variable ``var`` (``ResourceVariable._initializer_op``)."""
+    var._initializer_op = op  # pylint: disable=protected-access
+
+
 def control_flow_context(graph: tensorflow.Graph):
     """The control-flow context (``tf.cond``/``tf.while_loop`` body) ops are being added to in ``graph``, or None."""
     return graph._get_control_flow_context()  # pylint: disable=protected-access
@@ -169,7 +175,7 @@ def extending(graph: tensorflow.Graph):
 
 
 __all__ = [
-    "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context", "extending",
+    "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context", "extending", "set_initializer",
     "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "clip_ops", "compat",
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
     "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",

@@ -1,4 +1,4 @@
-"""Vocabulary policies (admission, eviction, LRU/LFU at capacity): data, model, and a numpy model of the decisions.
+"""Vocabulary policies (admission, eviction, LRU/LFU at capacity) and growth: data, model, a numpy model of the decisions.
 
 Workers train a small model on one hash table with a policy on their share
 of each global batch. The tests compare every worker count with the
@@ -6,7 +6,9 @@ of each global batch. The tests compare every worker count with the
 counts, last-seen steps), and the 1-worker run's decisions (which keys are
 held after each step, with which count and last step) with
 :class:`PolicyModel`, an independent numpy model of
-``collective.embedding.hash_table.policy``.
+``collective.embedding.hash_table.policy``. Growing tables (``GROWTH``) start
+below their capacity; each ``TWINS`` pair trains the same data with the same
+policy, one growing and one allocated at its capacity, to be compared bit for bit.
 """
 
 import pathlib
@@ -32,6 +34,9 @@ CASES = {
     # Eviction only when a checkpoint is saved (DeepRec's rule), by MonitoredTrainingSession's saver hook.
     "ckpt": (dict(steps_to_live=2, evict_every_steps=None, evict_at_checkpoint=True, min_count=2),
              "Adagrad", 9, None),
+    "none": (dict(), "Adam", 8, None),
+    "grow_none": (dict(), "Adam", 8, None),
+    "grow_lru": (dict(evict_strategy="lru", evict_every_steps=1, max_fill=0.6, fill_after_evict=0.3), "Adagrad", 8, 42),
 }
 SAVES = {"admit": (5, 9), "ckpt": (3, 6, 9)}
 """Steps after which a case saves a checkpoint (an eviction run where its policy evicts at checkpoints); the
@@ -39,6 +44,12 @@ held keys recorded for a step are those after its save."""
 MTS_CASES = ("ckpt",)
 """Cases trained in MonitoredTrainingSession, whose saver hook saves every 3 steps (the others: a plain session
 with ``collective.checkpoint.Saver``: a full save at 5 and a delta at the end)."""
+# initial_capacity_per_worker of the growing cases: admit (its counter table grows too) is also the checkpoint
+# restored on another worker count; grow_lru's load factor 0.7 makes its sizes 5, 11, 22 (then 42 on one worker,
+# which it reaches before the LRU rule fires at 60% of 42), 5, 11, 21 on two workers.
+GROWTH = {"admit": 4, "grow_none": 2, "grow_lru": 4}
+LOAD_FACTOR = {"grow_lru": 0.7}
+TWINS = {"grow_none": "none", "grow_lru": "lru"}  # growing case: the same case allocated at its capacity
 BACKENDS = ("hb", "sok")
 # The owner side of a lookup is the same code on both backends. hb runs every case with tf.compat.v1.train
 # optimizers and the checkpoint round trips (the export in the 1-worker job); sok runs SOK v2 programs
@@ -55,7 +66,7 @@ def capacity(case: str, n: int) -> int:
 
 def global_batch(case: str, step: int):
     """Dense keys [B, 2] from a window drifting by 5 keys a step (old keys go cold, new ones arrive), labels [B, 1]."""
-    rng = np.random.default_rng(1000 * list(CASES).index(case) + step)
+    rng = np.random.default_rng(1000 * list(CASES).index(TWINS.get(case, case)) + step)
     window = np.arange(5 * step, 5 * step + 14, dtype=np.int64)
     keys = rng.choice(window, (BATCH, 2))
     labels = rng.integers(0, 2, (BATCH, 1)).astype(np.float32)
@@ -69,7 +80,8 @@ def local_batch(case: str, step: int, rank: int, size: int):
 
 
 def build(strategy, case: str, n: int, with_optimizer: bool = True, backend: str = "hb", policy=None):
-    """The model on one hash table with ``case``'s policy (or ``policy``): ``(table, keys, labels, loss, train_op)``.
+    """The model on one hash table with ``case``'s policy (or ``policy``):
+    ``(table, keys, labels, loss, train_op, optimizer)``.
 
     ``backend="sok"`` builds the SOK v2 program (see ``BACKEND_CASES``).
     """
@@ -84,11 +96,12 @@ def build(strategy, case: str, n: int, with_optimizer: bool = True, backend: str
     with strategy.embedding_scope():
         table = hash_table.hash_embedding_variable(
             "table", DIM, capacity(case, n), initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=SEED),
-            **policy)
+            initial_capacity_per_worker=GROWTH.get(case), load_factor=LOAD_FACTOR.get(case, 0.5), **policy)
     e = tf.reshape(tf.nn.embedding_lookup(table, keys), [-1, 2 * DIM])
     loss = _loss(e, labels)
-    train_op = make_optimizer(CASES[case][1]).minimize(loss, global_step=step) if with_optimizer else None
-    return table, keys, labels, loss, train_op
+    opt = make_optimizer(CASES[case][1]) if with_optimizer else None
+    train_op = opt.minimize(loss, global_step=step) if with_optimizer else None
+    return table, keys, labels, loss, train_op, opt
 
 
 def _loss(e, labels):
@@ -111,14 +124,14 @@ def _build_sok(case, n, policy, keys, labels, with_optimizer):
     e = sok.lookup_sparse(table, tf.SparseTensor(at, tf.reshape(keys, [-1]), tf.stack([batch, 2])), combiners="sum")
     loss = _loss(e, labels)
     if not with_optimizer:
-        return table, keys, labels, loss, None
+        return table, keys, labels, loss, None, None
     assert CASES[case][1] == "Adagrad"
     wrapper, dense = sok.OptimizerWrapper(tf.keras.optimizers.legacy.Adagrad(0.4)), \
         tf.keras.optimizers.legacy.Adagrad(0.4)
     w = [v for v in tf.compat.v1.trainable_variables() if v.op.name == "w"]
     grads = tf.gradients(loss, [table] + w)
     train_op = tf.group(wrapper.apply_gradients([(grads[0], table)]), dense.apply_gradients(zip(grads[1:], w)))
-    return table, keys, labels, loss, train_op
+    return table, keys, labels, loss, train_op, wrapper
 
 
 class PolicyModel:

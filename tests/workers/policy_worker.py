@@ -1,6 +1,6 @@
 """Vocabulary policies on both backends: every case of ``policy_cases`` trained here; writes rank<r>.npz.
 
-The ``admit`` case also saves a full checkpoint after ``SAVE_AT`` steps and a
+The ``admit`` case on ``hb`` also saves a full checkpoint after ``SAVE_AT`` steps and a
 delta at the end; this job then restores the chain that ``prev_dir``'s job
 wrote (another worker count; this job's own with ``-``), dumps the state,
 saves it in full and, in the 1-worker job, exports it as a SavedModel. It
@@ -27,19 +27,22 @@ results = {}
 SAVE_AT = 5
 
 
-def state_of(table):
+def state_of(table, optimizer):
     """Tensors of this worker's rows: keys, values, usage, slots (held and whole), the counter table."""
     index = hash_table.table_of(table)
     dynamic = index.dynamic
     held_keys, held_rows = index.entries()
-    state = {"keys": held_keys, "values": tf.gather(table, held_rows),
-             "usage": tf.gather(dynamic.usage, held_rows), "size": index.size(),
+    state = {"keys": held_keys, "values": tf.gather(table, held_rows), "size": index.size(),
              "all_values": table.read_value()}
-    for slot, _ in dynamic.slots:
+    if dynamic is not None:
+        state["usage"] = tf.gather(dynamic.usage, held_rows)
+    slots = [s for s, _ in dynamic.slots] if dynamic is not None and dynamic.slots else \
+        [optimizer.get_slot(table, name) for name in optimizer.get_slot_names()]
+    for slot in slots:
         name = slot.op.name.split("/")[-1]
         state[f"slot_{name}"] = tf.gather(slot, held_rows)
         state[f"all_slot_{name}"] = slot.read_value()
-    if dynamic.counter is not None:
+    if dynamic is not None and dynamic.counter is not None:
         counter_keys, counter_rows = dynamic.counter.entries()
         state["counter_keys"], state["counter_usage"] = counter_keys, tf.gather(dynamic.counter_usage, counter_rows)
     return held_keys, state
@@ -50,8 +53,8 @@ def train_case(strategy, backend: str, case: str) -> None:
     steps = cases.CASES[case][2]
     prefix = f"{backend}_{case}_"
     with tf.Graph().as_default():
-        table, keys, labels, loss, train_op = cases.build(strategy, case, n, backend=backend)
-        held_keys, state = state_of(table)
+        table, keys, labels, loss, train_op, optimizer = cases.build(strategy, case, n, backend=backend)
+        held_keys, state = state_of(table, optimizer)
         if case in cases.MTS_CASES:
             losses, per_step, final = train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, state,
                                                       case, os.path.join(out_dir, f"mts_{backend}_{case}"))
@@ -124,8 +127,8 @@ def restore_and_export(strategy, backend: str) -> None:
         delta = f.read()
     prefix = f"{backend}_restored_"
     with tf.Graph().as_default():
-        table, _, _, _, _ = cases.build(strategy, "admit", n)
-        _, state = state_of(table)
+        table, _, _, _, _, optimizer = cases.build(strategy, "admit", n)
+        _, state = state_of(table, optimizer)
         saver = Saver()
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
@@ -141,7 +144,7 @@ def restore_and_export(strategy, backend: str) -> None:
         return  # the export of the 1-worker job is served in the test
 
     def signature_def_fn():
-        table, _, _, _, _ = cases.build(strategy, "admit", n, with_optimizer=False)
+        table, _, _, _, _, _ = cases.build(strategy, "admit", n, with_optimizer=False)
         keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
         return tf.compat.v1.saved_model.predict_signature_def({"keys": keys},
                                                               {"vectors": tf.nn.embedding_lookup(table, keys)})
@@ -155,7 +158,7 @@ def train_without_policy(strategy) -> None:
     rows); :func:`restore_and_export` restores ``prev_dir``'s one into the table with the policy."""
     r, n = strategy.rank(), strategy.world_size()
     with tf.Graph().as_default():
-        table, keys, labels, loss, train_op = cases.build(strategy, "admit", n, policy={})
+        table, keys, labels, loss, train_op, _ = cases.build(strategy, "admit", n, policy={})
         index = hash_table.table_of(table)
         held_keys, held_rows = index.entries()
         slot = [v for v in tf.compat.v1.global_variables() if v.op.name == "table/Adagrad"][0]
@@ -170,13 +173,14 @@ def train_without_policy(strategy) -> None:
                 results["hb_nopolicy_" + name] = value
 
 
-def full_table_error(strategy, policy: dict) -> str:
-    """A lookup of 4 keys per worker into room for 2: the error, or "no error"."""
+def full_table_error(strategy, policy: dict, initial=None) -> str:
+    """A lookup of 4 keys per worker into room for 2 (growing from ``initial``): the error, or "no error"."""
     n = strategy.world_size()
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         with strategy.embedding_scope():
-            table = hash_table.hash_embedding_variable("tiny_table", cases.DIM, 2, **policy)
+            table = hash_table.hash_embedding_variable("tiny_table", cases.DIM, 2, initial_capacity_per_worker=initial,
+                                                       **policy)
         out = tf.nn.embedding_lookup(table, tf.range(4 * n, dtype=tf.int64))
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
@@ -196,5 +200,7 @@ for backend in cases.BACKENDS:
             train_without_policy(strategy)
             restore_and_export(strategy, backend)
         results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
+        if backend == "hb":
+            results[f"{backend}_full_error_grown"] = np.array(full_table_error(strategy, {}, initial=1))
 
 np.savez(os.path.join(out_dir, f"rank{strategy.rank()}.npz"), **results)

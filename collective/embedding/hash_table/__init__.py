@@ -16,6 +16,8 @@ worker ``floormod(k, N)``. Each worker holds a values variable
 - :mod:`.policy`: :class:`VocabularyPolicy`, admission and eviction defined once;
   :mod:`.dynamic` carries it out (counts, counter table, eviction, row reuse);
   :mod:`.step`: the step a policy counts (the global step, moved by Keras optimizers too);
+- :mod:`.growth`: a table made with ``initial_capacity_per_worker`` grows up to
+  ``capacity_per_worker`` (rehashed index, per-row variables padded, slots caught up);
 - :mod:`.local_variables`: per-worker variables no sharding getter touches.
 
 A key's first vector is a function of the key alone

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.embedding.hash_table import step as policy_step
+from collective.embedding.hash_table.growth import initial_row, padded, shape_of_rows
 from collective.embedding.hash_table.local_variables import plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy
 from collective.embedding.table import shard_of
@@ -57,18 +58,6 @@ def _scatter(var: tf.Variable, indices: tf.Tensor, updates: tf.Tensor) -> tf.Ope
     return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=updates)
 
 
-def initial_row(slot: tf.Variable, table: str) -> np.ndarray:
-    """The value every row of optimizer slot ``slot`` starts with (what a freed row is reset to)."""
-    value = tf.get_static_value(slot.initial_value)
-    if value is not None and value.ndim >= 1 and value.shape[0] > 0:
-        first = value[0]
-        if np.all(value == first):
-            return first
-    raise ValueError(f"hash table {table}: optimizer slot {slot.name} does not start every row at one constant "
-                     "value, so a freed row cannot be reset to it; vocabulary policies support optimizers whose "
-                     "slots start constant (Adagrad, Adam, Momentum, Ftrl, RMSProp, ...)")
-
-
 class DynamicVocabulary:
     """The policy's state and ops of one :class:`~.index.HashTable` (``index.dynamic``)."""
 
@@ -78,18 +67,19 @@ class DynamicVocabulary:
         self.slots: List[Tuple[tf.Variable, np.ndarray]] = []
         self._upkeep_built = False  # one eviction run per step, even if several updates touch the table
         zeros = tf.compat.v1.zeros_initializer()
-        self.usage = plain_variable("usage", [index.capacity, 2], tf.int64, zeros, collections)
+        self.usage = index.row_variable("usage", [2], tf.int64, collections)
         # The keys held at the last committed checkpoint: a delta's tombstones are those no longer held.
-        self.saved_keys = plain_variable("saved_keys", [index.capacity], tf.int64, zeros, collections)
+        self.saved_keys = index.row_variable("saved_keys", [], tf.int64, collections)
         self.saved_count = plain_variable("saved_count", [], tf.int64, zeros, collections)
         self.counter = None  # an index of the same class as ``index``
         self.counter_usage = self.dropped = None
         if not policy.admits_on_first_sight:
             capacity = int(policy.counter_capacity or index.capacity)
+            initial = min(capacity, index.growth.sizes[0]) if index.growth is not None else None
             self.counter = type(index)(index.name + "/admission", 1, capacity, None, tf.float32, index.load_factor,
-                                     index_scope="admission")
+                                     index_scope="admission", initial_capacity=initial)
             with tf.compat.v1.variable_scope("admission"):
-                self.counter_usage = plain_variable("usage", [capacity, 2], tf.int64, zeros, collections)
+                self.counter_usage = self.counter.row_variable("usage", [2], tf.int64, collections)
                 self.dropped = plain_variable("dropped", [], tf.int64, zeros, collections)
 
     @property
@@ -180,7 +170,8 @@ class DynamicVocabulary:
         """Registers an optimizer slot of the table: eviction moves and resets its rows with the values'."""
         if any(s is slot for s, _ in self.slots):
             return
-        if slot.shape.rank is None or slot.shape[0] != self.index.capacity:
+        rows = None if self.index.growth is not None else self.index.capacity
+        if slot.shape.rank is None or slot.shape[0] != rows:
             raise ValueError(f"hash table {self.index.name}: optimizer slot {slot.name} of shape {slot.shape} is not "
                              "one row per key; vocabulary policies cannot move its rows")
         self.slots.append((slot, initial_row(slot, self.index.name)))
@@ -256,7 +247,7 @@ class DynamicVocabulary:
         held_keys, rows = index.entries()
         found = index.find(keys)
         found = tf.boolean_mask(found, found >= 0)
-        dropped = tf.scatter_nd(found[:, None], tf.ones_like(found, tf.bool), [index.capacity])
+        dropped = tf.scatter_nd(found[:, None], tf.ones_like(found, tf.bool), [index.allocated()])
         return tf.group(*self._keep_only(index.values, held_keys, rows, tf.logical_not(tf.gather(dropped, rows)),
                                          row_masks))
 
@@ -267,10 +258,17 @@ class DynamicVocabulary:
         survivors = tf.boolean_mask(rows, keep)
         moved = [(values, np.zeros([index.dim], values.dtype.as_numpy_dtype)),
                  (self.usage, np.zeros([2], np.int64))] + self.slots
-        ops = [_compact(var, survivors, row, index.capacity) for var, row in moved]
+        ops = [_compact(var, survivors, row, index.rows_of(var)) for var, row in moved]
         for current, mask in (row_masks(values) if row_masks is not None else []):
             never = tf.constant(_never_marked(mask), mask.dtype.base_dtype)
-            freed = tf.fill([index.capacity - tf.size(survivors)], never)
+            if index.growth is None:
+                freed = tf.fill([index.capacity - tf.size(survivors)], never)
+            else:  # a mask not marked since the table grew is first padded to the index's rows
+                with tf.control_dependencies([current]):
+                    have = shape_of_rows(mask)
+                rows = tf.maximum(have, index.allocated())
+                current = padded(current, have, rows, np.array(_never_marked(mask)))
+                freed = tf.fill([rows - tf.size(survivors, out_type=tf.int64)], never)
             ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
                 [tf.gather(current, survivors), freed], axis=0)))
         ops.append(index.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))
@@ -282,8 +280,8 @@ class DynamicVocabulary:
         """Remembers the keys held now (run once a checkpoint is committed or restored)."""
         keys, _ = self.index.entries()
         count = tf.size(keys, out_type=tf.int64)
-        return tf.group(self.saved_keys.assign(tf.concat([keys, tf.zeros([self.index.capacity - count], tf.int64)], 0),
-                                               read_value=False),
+        rest = self.index.rows_of(self.saved_keys) - count
+        return tf.group(self.saved_keys.assign(tf.concat([keys, tf.zeros([rest], tf.int64)], 0), read_value=False),
                         self.saved_count.assign(count, read_value=False))
 
     def assume_seen(self) -> tf.Tensor:
@@ -312,13 +310,15 @@ class DynamicVocabulary:
         if ttl is not None:
             keep = tf.logical_and(keep, step - usage[:, 1] <= int(ttl))
         survivors = tf.boolean_mask(rows, keep)
-        return [_compact(self.counter_usage, survivors, np.zeros([2], np.int64), counter.capacity),
+        return [_compact(self.counter_usage, survivors, np.zeros([2], np.int64), counter.rows_of(self.counter_usage)),
                 counter.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64)))]
 
 
-def _compact(var: tf.Variable, survivors: tf.Tensor, row: np.ndarray, capacity: int) -> tf.Operation:
-    """``var``'s rows ``survivors`` moved to ``0 .. K-1``; the other rows set to ``row``."""
+def _compact(var: tf.Variable, survivors: tf.Tensor, row: np.ndarray, capacity) -> tf.Operation:
+    """``var``'s rows ``survivors`` moved to ``0 .. K-1``; the other rows (up to ``capacity``) set to ``row``."""
     moved = tf.gather(var, survivors)
+    if tf.is_tensor(capacity):  # a growing table's rows now
+        capacity = tf.cast(capacity, tf.int32)
     rest = tf.broadcast_to(tf.constant(row, var.dtype.base_dtype),
                            tf.concat([[capacity - tf.size(survivors)], tf.shape(moved)[1:]], axis=0))
     return var.assign(tf.concat([moved, rest], axis=0), read_value=False)

@@ -8,18 +8,21 @@ densely in order of first occurrence), so the CUDA table can replace it: its
 batched insert probes all new keys in parallel, one probe step per
 ``tf.while_loop`` iteration, and when several new keys want the same empty
 slot the earliest key in the batch takes it. Rows therefore depend only on
-the order keys arrive in, never on thread timing.
+the order keys arrive in, never on thread timing, nor on the allocation: a
+growing index (:mod:`.growth`) has ``keys``/``rows`` of unknown length, read
+as a tensor by the probe loops.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from collective import comm
 from collective.embedding import key_init
-from collective.embedding.hash_table import dynamic
+from collective.embedding.hash_table import dynamic, growth
 from collective.embedding.hash_table.local_variables import eager_variable, op_name, plain_variable
 from collective.embedding.hash_table.lookup_mode import is_training
 from collective.kernels.reference import EMPTY_KEY
@@ -36,10 +39,11 @@ def is_index_state(var) -> bool:
     return any(v is var for v in tf.compat.v1.get_collection(HASH_INDEX_STATE_COLLECTION))
 
 
-def home_slots(keys: tf.Tensor, num_slots: int) -> tf.Tensor:
+def home_slots(keys: tf.Tensor, num_slots: Union[int, tf.Tensor]) -> tf.Tensor:
     """Home slot of int64 ``keys``: :func:`collective.kernels.reference.hash_slots` in TensorFlow ops."""
     k = key_init.fmix64(tf.bitcast(keys, tf.uint64))
-    return tf.cast(tf.bitwise.bitwise_and(k, tf.constant(num_slots - 1, tf.uint64)), tf.int64)
+    mask = tf.cast(num_slots - 1, tf.uint64) if tf.is_tensor(num_slots) else tf.constant(num_slots - 1, tf.uint64)
+    return tf.cast(tf.bitwise.bitwise_and(k, mask), tf.int64)
 
 
 def _scatter(var: tf.Variable, indices: tf.Tensor, updates: tf.Tensor) -> tf.Operation:
@@ -57,6 +61,8 @@ class HashTable:
       name: the values variable's name (the table's name).
       dim: embedding dimension.
       capacity: rows (keys) this worker can hold.
+      initial_capacity: rows allocated at first when below ``capacity``: the
+        table then grows up to ``capacity`` (:mod:`.growth`; graph mode only).
       initializer: what a new key's vector starts as (see :mod:`collective.embedding.key_init`).
       dtype: the values' dtype.
       load_factor: fraction of probe slots that may be filled.
@@ -65,11 +71,16 @@ class HashTable:
 
     def __init__(self, name: str, dim: int, capacity: int, initializer=None, dtype=tf.float32,
                  load_factor: float = DEFAULT_LOAD_FACTOR, index_scope: Optional[str] = None,
-                 policy=None):
+                 policy=None, initial_capacity: Optional[int] = None):
         self.name = name
         self.dim = int(dim)
         self.capacity = int(capacity)
-        self.num_slots = check_table_shape(capacity, load_factor)
+        self.num_slots = check_table_shape(capacity, load_factor)  # of a growing table: at its capacity
+        self.growth = None
+        if initial_capacity is not None and int(initial_capacity) < self.capacity:
+            self.growth = growth.Growth(name, self.capacity, int(initial_capacity), load_factor)
+            if len(self.growth.slots) == 1:  # the initial rows already take as many slots as the capacity
+                self.growth = None
         self.dtype = tf.as_dtype(dtype)
         self.initial_values = key_init.KeyInitializer(initializer, name, self.dim, self.capacity, self.dtype)
         self.values: Optional[tf.Variable] = None
@@ -79,6 +90,9 @@ class HashTable:
         self.dynamic = None  # the policy's state and ops (:mod:`.dynamic`), when the table has a policy
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, HASH_INDEX_STATE_COLLECTION]
         if tf.executing_eagerly():
+            if self.growth is not None:
+                raise NotImplementedError(f"hash table {name}: growing from initial_capacity_per_worker works in "
+                                          "graph mode (tf.compat.v1 graphs) only; allocate it at its capacity")
             scope = index_scope or name + "/hash_index"
             self.keys_var = eager_variable(f"{scope}/keys", [self.num_slots + 1], tf.int64,
                                            tf.compat.v1.constant_initializer(EMPTY_KEY))
@@ -90,16 +104,113 @@ class HashTable:
                                           "graph mode (tf.compat.v1 graphs) only")
             return
         with tf.compat.v1.variable_scope(index_scope or name + "/hash_index"):
-            self.keys_var = plain_variable("keys", [self.num_slots + 1], tf.int64,
-                                           tf.compat.v1.constant_initializer(EMPTY_KEY), collections)
-            self.rows_var = plain_variable("rows", [self.num_slots + 1], tf.int64,
-                                           tf.compat.v1.constant_initializer(-1), collections)
+            self.keys_var = self._slot_array("keys", EMPTY_KEY, collections)
+            self.rows_var = self._slot_array("rows", -1, collections)
             self.size_var = plain_variable("size", [], tf.int64, tf.compat.v1.zeros_initializer(), collections)
             if policy is not None:
                 self.dynamic = dynamic.DynamicVocabulary(self, policy, collections)
 
+    def _slot_array(self, name: str, empty: int, collections: List[str]) -> tf.Variable:
+        if self.growth is None:
+            return plain_variable(name, [self.num_slots + 1], tf.int64, tf.compat.v1.constant_initializer(empty),
+                                  collections)
+        first = self.growth.slots[0] + 1
+        return plain_variable(name, [None], tf.int64,
+                              lambda: tf.fill([growth.hidden(first)], tf.constant(empty, tf.int64)), collections)
+
     def __repr__(self) -> str:
-        return f"HashTable({self.name!r}, dim={self.dim}, capacity={self.capacity}, slots={self.num_slots})"
+        grows = "" if self.growth is None else f", initial={self.growth.sizes[0]}"
+        return f"HashTable({self.name!r}, dim={self.dim}, capacity={self.capacity}{grows}, slots={self.num_slots})"
+
+    # ------------------------------------------------------------ allocation (see :mod:`.growth`)
+
+    def row_variable(self, name: str, shape: Sequence[int], dtype: tf.DType, collections: List[str],
+                     fill=0) -> tf.Variable:
+        """A per-worker variable of one ``shape`` row per key (``[capacity] + shape``), rows starting as ``fill``.
+
+        A growing table allocates its initial rows and grows the variable with its index.
+        """
+        dtype = tf.as_dtype(dtype)
+        if self.growth is None:
+            return plain_variable(name, [self.capacity] + list(shape), dtype,
+                                  tf.compat.v1.constant_initializer(fill), collections)
+        rows = self.growth.sizes[0]
+        var = plain_variable(name, [None] + list(shape), dtype,
+                             lambda: tf.fill([growth.hidden(rows)] + list(shape), tf.constant(fill, dtype)),
+                             collections)
+        self.grows_with_index(var, fill)
+        return var
+
+    def grows_with_index(self, var: tf.Variable, fill=0) -> None:
+        """Registers per-row ``var`` (first dimension unknown) of a growing table: it grows with the index."""
+        if self.growth is not None and self.growth.fill_of(var) is None:
+            row = np.full(var.shape[1:].as_list(), fill, var.dtype.base_dtype.as_numpy_dtype)
+            self.growth.with_index.append((var, row))
+
+    def allocated(self) -> Union[int, tf.Tensor]:
+        """Rows the index holds room for now: the capacity, or a growing table's current size (int64 tensor)."""
+        if self.growth is None:
+            return self.capacity
+        sizes = tf.constant(self.growth.sizes, tf.int64)
+        step = tf.reduce_sum(tf.cast(tf.constant(self.growth.slots, tf.int64) < self._slot_count(), tf.int32))
+        return tf.gather(sizes, tf.minimum(step, len(self.growth.sizes) - 1))
+
+    def rows_of(self, var: tf.Variable) -> Union[int, tf.Tensor]:
+        """Rows of per-row variable ``var`` (values, a slot, ``usage``): the capacity unless the table grows."""
+        return self.capacity if self.growth is None else growth.shape_of_rows(var)
+
+    def catch_up(self, var: tf.Variable, fill=None) -> Optional[tf.Operation]:
+        """Op growing per-row ``var`` (registered, or with rows of ``fill``) to the index's allocation; None when
+        the table does not grow or ``var`` grows with the index."""
+        if self.growth is None or any(var is known for known, _ in self.growth.with_index):
+            return None  # grown with the index
+        row = self.growth.fill_of(var) if fill is None else \
+            np.full(var.shape[1:].as_list(), fill, var.dtype.base_dtype.as_numpy_dtype)
+        if row is None:  # a slot made where no listener registered it: its initial value says how it starts
+            row = growth.initial_row(var, self.name)
+        return growth.grow_variable(var, self.allocated(), row)
+
+    def _slot_count(self) -> Union[int, tf.Tensor]:
+        """Probe slots now (not counting the extra one): static, or read from a growing index's keys array."""
+        if self.growth is None:
+            return self.num_slots
+        return growth.shape_of_rows(self.keys_var) - 1
+
+    def _grow_to(self, needed: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        """Grows to the first size holding ``needed`` rows when the allocation is smaller.
+
+        The probe arrays are emptied at their new size and the variables grown
+        with the index padded; returns the held ``(keys, rows)`` the caller
+        places again with its new keys (one probe loop), or empty tensors when
+        it did not grow.
+        """
+        plan = self.growth
+
+        def grow():
+            step = tf.reduce_sum(tf.cast(tf.constant(plan.sizes, tf.int64) < needed, tf.int32))
+            step = tf.minimum(step, len(plan.sizes) - 1)
+            size = tf.gather(tf.constant(plan.sizes, tf.int64), step)
+            slots = tf.gather(tf.constant(plan.slots, tf.int64), step)
+            keys, rows = self.entries()
+            with tf.control_dependencies([keys, rows]):
+                resized = [self._reset_slots(slots)]
+            for var, row in plan.with_index:
+                value = tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype.base_dtype)
+                resized.append(tf.raw_ops.AssignVariableOp(
+                    resource=var.handle, value=growth.padded(value, growth.shape_of_rows(var), size, row)))
+            with tf.control_dependencies(resized):
+                return tf.identity(keys), tf.identity(rows)
+
+        def keep():
+            return tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)
+
+        return tf.cond(needed > self.allocated(), grow, keep)
+
+    def _reset_slots(self, slots) -> tf.Operation:
+        """Empties the probe arrays, ``slots + 1`` long (the size is kept by :meth:`clear`)."""
+        return tf.group(
+            self.keys_var.assign(tf.fill([slots + 1], tf.constant(EMPTY_KEY, tf.int64)), read_value=False),
+            self.rows_var.assign(tf.fill([slots + 1], tf.constant(-1, tf.int64)), read_value=False))
 
     @property
     def variables(self) -> List[tf.Variable]:
@@ -116,7 +227,9 @@ class HashTable:
     def find(self, keys: tf.Tensor) -> tf.Tensor:
         """Local row of each int64 key, -1 for keys this worker does not hold."""
         keys = tf.cast(tf.reshape(keys, [-1]), tf.int64)
-        mask = self.num_slots - 1
+        with tf.control_dependencies([keys] if self.growth is not None else []):  # after a growth ordered before
+            num_slots = self._slot_count()
+        mask = num_slots - 1
         special = tf.equal(keys, EMPTY_KEY)
 
         def body(i, pos, active, rows):
@@ -127,10 +240,10 @@ class HashTable:
             return i + 1, tf.bitwise.bitwise_and(pos + 1, mask), active, rows
 
         _, _, _, rows = tf.while_loop(
-            lambda i, pos, active, rows: tf.logical_and(i < self.num_slots, tf.reduce_any(active)), body,
-            [tf.constant(0), home_slots(keys, self.num_slots), tf.logical_not(special), -tf.ones_like(keys)])
+            lambda i, pos, active, rows: tf.logical_and(i < num_slots, tf.reduce_any(active)), body,
+            [_zero_like(num_slots), home_slots(keys, num_slots), tf.logical_not(special), -tf.ones_like(keys)])
         with tf.control_dependencies([rows]):  # read after the inserts this find is ordered after
-            special_row = tf.gather(self.rows_var, self.num_slots)
+            special_row = tf.gather(self.rows_var, num_slots)
         return tf.where(special, tf.fill(tf.shape(keys), special_row), rows)
 
     def find_or_insert(self, keys: tf.Tensor) -> tf.Tensor:
@@ -176,7 +289,11 @@ class HashTable:
             with tf.control_dependencies([fits]):
                 new_keys = tf.identity(new_keys)
         new_rows = start + tf.range(count)
-        placed = self._place(new_keys, new_rows)
+        if self.growth is None:
+            placed = self._place(new_keys, new_rows)
+        else:  # after a growth the held keys are placed again with the new ones, in the same probe loop
+            held_keys, held_rows = self._grow_to(tf.minimum(start + count, self.capacity))
+            placed = self._place(tf.concat([held_keys, new_keys], 0), tf.concat([held_rows, new_rows], 0))
         with tf.control_dependencies([placed]):
             grown = self.size_var.assign_add(count, read_value=False)
         with tf.control_dependencies([grown]):
@@ -210,7 +327,9 @@ class HashTable:
 
     def _place(self, new_keys: tf.Tensor, new_rows: tf.Tensor) -> tf.Operation:
         """Writes distinct absent keys into free slots, all keys probing in parallel."""
-        mask = self.num_slots - 1
+        with tf.control_dependencies([new_keys] if self.growth is not None else []):  # after a growth before
+            num_slots = self._slot_count()
+        mask = num_slots - 1
         special = tf.equal(new_keys, EMPTY_KEY)
         index = tf.range(tf.size(new_keys, out_type=tf.int64))
 
@@ -230,12 +349,12 @@ class HashTable:
             return i + 1, pos, pending
 
         _, pos, _ = tf.while_loop(
-            lambda i, pos, pending: tf.logical_and(i < self.num_slots, tf.reduce_any(pending)), body,
-            [tf.constant(0), home_slots(new_keys, self.num_slots), tf.logical_not(special)])
+            lambda i, pos, pending: tf.logical_and(i < num_slots, tf.reduce_any(pending)), body,
+            [_zero_like(num_slots), home_slots(new_keys, num_slots), tf.logical_not(special)])
         with tf.control_dependencies([pos]):
             special_rows = tf.boolean_mask(new_rows, special)
-            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), tf.constant(self.num_slots, tf.int64)),
-                            special_rows)
+            extra = tf.cast(num_slots, tf.int64) if tf.is_tensor(num_slots) else tf.constant(num_slots, tf.int64)
+            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), extra), special_rows)
 
     def entries(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(keys, rows)`` held on this worker, ordered by row."""
@@ -248,16 +367,23 @@ class HashTable:
     def rebuild(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
         """Empties the index, then holds exactly ``keys`` (distinct) at ``rows`` (``0 .. len(keys) - 1``)."""
         with tf.control_dependencies([keys, rows]):  # after whatever computed them read the index
-            cleared = self.clear()
+            if self.growth is None:
+                cleared = self.clear()
+            else:  # keeps the slots it has grown to
+                cleared = tf.group(self._reset_slots(self._slot_count()), self.size_var.assign(tf.constant(0, tf.int64), read_value=False))
         with tf.control_dependencies([cleared]):
             placed = self._place(tf.identity(keys), rows)
         with tf.control_dependencies([placed]):
             return self.size_var.assign(tf.size(keys, out_type=tf.int64), read_value=False)
 
     def clear(self) -> tf.Operation:
-        """Empties the index (for a restore: re-insert keys with :meth:`find_or_insert`, then write values)."""
-        return tf.group(self.keys_var.assign(tf.fill([self.num_slots + 1], tf.constant(EMPTY_KEY, tf.int64))),
-                        self.rows_var.assign(tf.fill([self.num_slots + 1], tf.constant(-1, tf.int64))),
+        """Empties the index (for a restore: re-insert keys with :meth:`find_or_insert`, then write values).
+
+        A growing index goes back to its initial slots (the other per-row variables keep their rows).
+        """
+        slots = self.num_slots if self.growth is None else growth.hidden(self.growth.slots[0])
+        return tf.group(self.keys_var.assign(tf.fill([slots + 1], tf.constant(EMPTY_KEY, tf.int64))),
+                        self.rows_var.assign(tf.fill([slots + 1], tf.constant(-1, tf.int64))),
                         self.size_var.assign(tf.constant(0, tf.int64)), name=f"clear_{op_name(self.name)}")
 
     # ------------------------------------------------------------ owner side of a lookup
@@ -286,3 +412,8 @@ class HashTable:
 
 def _control_flow_context():
     return control_flow_context(tf.compat.v1.get_default_graph())
+
+
+def _zero_like(bound):
+    """The probe loops' first counter, of ``bound``'s kind (a Python int, or a growing index's int64 tensor)."""
+    return tf.zeros([], bound.dtype) if tf.is_tensor(bound) else tf.constant(0)

@@ -1,6 +1,7 @@
 """Creating a hash-table vocabulary: this worker's values variable, tagged as a table, and its index.
 
-The values variable ``[capacity_per_worker, dim]`` is the local shard, tagged
+The values variable ``[capacity_per_worker, dim]`` (``[None, dim]`` for a table
+growing from ``initial_capacity_per_worker``, :mod:`.growth`) is the local shard, tagged
 with a :class:`~collective.embedding.table.ShardInfo` whose ``hash_index``
 is this worker's :class:`~collective.embedding.hash_table.index.HashTable`.
 It is trained like any sharded table (gradients arrive as ``IndexedSlices``;
@@ -16,6 +17,7 @@ import tensorflow as tf
 from collective import comm
 from collective.embedding import modes
 from collective.embedding.hash_table.export import export_variable
+from collective.embedding.hash_table.growth import Growth, hidden
 from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
 from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy, policy_from
@@ -43,7 +45,8 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
                             dtype=tf.float32, key_dtype=tf.int64, trainable: bool = True,
                             load_factor: float = DEFAULT_LOAD_FACTOR,
                             collections: Optional[Iterable[str]] = None,
-                            policy: Optional[VocabularyPolicy] = None, **policy_keywords) -> tf.Variable:
+                            policy: Optional[VocabularyPolicy] = None,
+                            initial_capacity_per_worker: Optional[int] = None, **policy_keywords) -> tf.Variable:
     """A sharded embedding table with a hash-table vocabulary: keys of any int64 value.
 
     Inside ``CollectiveStrategy.scope()``, ``tf.nn.embedding_lookup`` and
@@ -55,8 +58,9 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
       name: variable name, in the current variable scope (reused when it exists).
       dim: embedding dimension.
       capacity_per_worker: most keys one worker holds (SOK's
-        ``max_vocabulary_size_per_gpu``); a batch that would exceed it fails
-        with an error naming the table.
+        ``max_vocabulary_size_per_gpu``, ``DynamicVariable(max_capacity=)``);
+        a batch that would exceed it fails with an error naming the table,
+        unless a policy evicts.
       initializer: a new key's first vector (see :mod:`collective.embedding.key_init`
         for the supported initialisers; default uniform in [-0.05, 0.05] as SOK).
       dtype: dtype of the values.
@@ -71,9 +75,15 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
         ``evict_every_steps``, ``evict_at_checkpoint``, ``evict_strategy`` (``"lru"``/``"lfu"``),
         ``max_fill``, ``fill_after_evict``. Without one every key seen in
         training gets a row and a full table fails.
+      initial_capacity_per_worker: rows allocated at first, when below
+        ``capacity_per_worker`` (SOK's ``DynamicVariable(init_capacity=)``):
+        the table then grows, doubling its index's slots, up to
+        ``capacity_per_worker`` (:mod:`.growth`; graph mode and
+        ``tf.compat.v1.train`` optimizers only). Default: allocated at
+        ``capacity_per_worker``.
 
     Returns:
-      The values variable ``[capacity_per_worker, dim]``, tagged as a shard
+      The values variable ``[capacity_per_worker, dim]`` (``[None, dim]`` when it grows), tagged as a shard
       whose ``ShardInfo.hash_index`` is this worker's :class:`HashTable`. In
       export mode (``collective.embedding.modes.exporting``) a plain ``[rows, dim]``
       variable with a ``tf.lookup`` key -> row table instead (see
@@ -84,15 +94,16 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
                         "hash string keys to int64 first (collective.hash_embedding_column does)")
     if int(capacity_per_worker) < 1:
         raise ValueError(f"hash table '{name}': capacity_per_worker must be >= 1, got {capacity_per_worker!r}")
+    initial = _initial_capacity(full_name(name), capacity_per_worker, initial_capacity_per_worker)
     policy = policy_from(full_name(name), policy, policy_keywords)
     if policy is not None:
         policy.check(full_name(name), dim)
     if modes.is_exporting():
         return export_variable(name, dim, dtype, policy.default_row(dim) if policy is not None else None)
     if tf.executing_eagerly():
-        if policy is not None:
-            raise NotImplementedError(f"hash table '{name}': vocabulary policies (admission, eviction) work in graph "
-                                      "mode (tf.compat.v1 graphs) only")
+        if policy is not None or initial is not None:
+            raise NotImplementedError(f"hash table '{name}': vocabulary policies (admission, eviction) and growth "
+                                      "(initial_capacity_per_worker) work in graph mode (tf.compat.v1 graphs) only")
         return _eager_hash_embedding_variable(name, dim, capacity_per_worker, initializer, dtype, trainable,
                                               load_factor)
     table_name = full_name(name)
@@ -103,15 +114,32 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     collections = list(collections or [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
     info = ShardInfo(name=table_name, vocab=int(capacity_per_worker) * world_size, dim=int(dim), rank=rank,
                      world_size=world_size)
+    plan = Growth(table_name, int(capacity_per_worker), initial, load_factor) if initial is not None else None
     with creating_shard(info):
-        values = plain_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
-                                tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
+        if plan is None or len(plan.slots) == 1:
+            values = plain_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
+                                    tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
+        else:
+            rows, dtype = plan.sizes[0], tf.as_dtype(dtype)
+            values = plain_variable(name, [None, int(dim)], dtype,
+                                    lambda: tf.zeros([hidden(rows), int(dim)], dtype), collections, trainable=trainable)
         table = HashTable(values.op.name, dim, capacity_per_worker, initializer, dtype, load_factor,
-                          index_scope=name + "/hash_index", policy=policy)
+                          index_scope=name + "/hash_index", policy=policy, initial_capacity=initial)
     table.values = values
+    table.grows_with_index(values)
     tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
     return tag(values, ShardInfo(name=values.op.name, vocab=info.vocab, dim=info.dim, rank=rank,
                                  world_size=world_size, hash_index=table))
+
+
+def _initial_capacity(table: str, capacity: int, initial: Optional[int]) -> Optional[int]:
+    """``initial_capacity_per_worker`` checked against the capacity; None when the table does not grow."""
+    if initial is None:
+        return None
+    if not 1 <= int(initial) <= int(capacity):
+        raise ValueError(f"hash table '{table}': initial_capacity_per_worker={initial!r} must be between 1 and "
+                         f"capacity_per_worker={capacity}")
+    return int(initial) if int(initial) < int(capacity) else None
 
 
 def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer, dtype,
