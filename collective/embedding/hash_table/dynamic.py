@@ -41,8 +41,10 @@ logger = logging.getLogger("collective.embedding")
 
 
 def _never_marked(mask: tf.Variable):
-    """What a freed row's per-row mark becomes: False for a touched mask, -inf for an update time."""
-    return False if mask.dtype.base_dtype == tf.bool else -np.inf
+    """What a freed row's per-row mark becomes: :func:`collective.checkpoint.touched.never_value`."""
+    from collective.checkpoint.touched import never_value  # pylint: disable=import-outside-toplevel  (import cycle)
+
+    return never_value(mask.dtype)
 
 
 RowMasks = Callable[[tf.Variable], Sequence[Tuple[tf.Tensor, tf.Variable]]]
