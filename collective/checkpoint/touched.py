@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective.embedding import tables
-from collective.embedding.hash_table.growth import hidden
+from collective.embedding.hash_table.growth import hidden, never_marked
 from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.checkpoint")
@@ -176,7 +176,7 @@ def _caught_up(table: tf.Variable, rows: _Rows, variable: tf.Variable, after: tf
     if _growth(table) is None:
         return ready
     with tf.control_dependencies(ready + [after]):
-        return [shard_of(table).hash_index.catch_up(variable, fill=never_value(variable.dtype))]
+        return [shard_of(table).hash_index.catch_up(variable, fill=never_marked(variable.dtype))]
 
 
 def mask_of(table: tf.Variable) -> tf.Variable:
@@ -205,7 +205,7 @@ def _never(variable: tf.Variable) -> tf.Tensor:
     """``variable``'s value before any update: not marked (bool), or updated at -inf (an update time)."""
     dtype = variable.dtype.base_dtype
     shape = variable.shape if variable.shape.is_fully_defined() else tf.shape(variable.initial_value)
-    return tf.fill(shape, tf.constant(never_value(dtype), dtype))
+    return tf.fill(shape, tf.constant(never_marked(dtype), dtype))
 
 
 def _ready(rows: _Rows, variable: tf.Variable) -> List[tf.Tensor]:
@@ -284,18 +284,14 @@ def row_state(table: tf.Variable) -> List[Tuple[tf.Tensor, tf.Variable]]:
     """``[(value, variable)]`` of ``table``'s per-row marks: the touched mask and, where kept, the update times.
 
     An eviction that moves rows (:mod:`collective.embedding.hash_table.dynamic`) moves these with them and
-    fills the freed rows with the value of a row never updated (:func:`never_value`).
+    fills the freed rows with the value of a row never updated
+    (:func:`~collective.embedding.hash_table.growth.never_marked`).
     """
     rows = _rows_of(table)
     state = [(marked(table), rows.mask)]
     if rows.times is not None:
         state.append((_read(rows, rows.times), rows.times))
     return state
-
-
-def never_value(dtype: tf.DType):
-    """A per-row mark of a row never updated: not marked (bool), or updated at -inf (an update time)."""
-    return False if tf.as_dtype(dtype).base_dtype == tf.bool else -np.inf
 
 
 def touched_rows(table: tf.Variable) -> tf.Tensor:

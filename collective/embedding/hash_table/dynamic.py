@@ -32,19 +32,12 @@ import tensorflow as tf
 
 from collective import comm
 from collective.embedding.hash_table import step as policy_step
-from collective.embedding.hash_table.growth import initial_row, padded, shape_of_rows
+from collective.embedding.hash_table.growth import initial_row, never_marked, padded, shape_of_rows
 from collective.embedding.hash_table.local_variables import plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy
 from collective.embedding.table import shard_of
 
 logger = logging.getLogger("collective.embedding")
-
-
-def _never_marked(mask: tf.Variable):
-    """What a freed row's per-row mark becomes: :func:`collective.checkpoint.touched.never_value`."""
-    from collective.checkpoint.touched import never_value  # pylint: disable=import-outside-toplevel  (import cycle)
-
-    return never_value(mask.dtype)
 
 
 RowMasks = Callable[[tf.Variable], Sequence[Tuple[tf.Tensor, tf.Variable]]]
@@ -262,14 +255,14 @@ class DynamicVocabulary:
                  (self.usage, np.zeros([2], np.int64))] + self.slots
         ops = [_compact(var, survivors, row, index.rows_of(var)) for var, row in moved]
         for current, mask in (row_masks(values) if row_masks is not None else []):
-            never = tf.constant(_never_marked(mask), mask.dtype.base_dtype)
+            never = tf.constant(never_marked(mask.dtype), mask.dtype.base_dtype)
             if index.growth is None:
                 freed = tf.fill([index.capacity - tf.size(survivors)], never)
             else:  # a mask not marked since the table grew is first padded to the index's rows
                 with tf.control_dependencies([current]):
                     have = shape_of_rows(mask)
                 rows = tf.maximum(have, index.allocated())
-                current = padded(current, have, rows, np.array(_never_marked(mask)))
+                current = padded(current, have, rows, np.array(never_marked(mask.dtype)))
                 freed = tf.fill([rows - tf.size(survivors, out_type=tf.int64)], never)
             ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
                 [tf.gather(current, survivors), freed], axis=0)))

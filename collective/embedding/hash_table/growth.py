@@ -191,3 +191,11 @@ def _catching_up(apply: Callable) -> Callable:
             return apply(grad, handle, indices, *args, **kwargs)
 
     return apply_sparse
+
+
+def never_marked(dtype: tf.DType):
+    """A per-row mark of a row never updated: not marked (a bool touched mask), or -inf (an update time).
+
+    Rows a table grows by and rows an eviction frees get this mark.
+    """
+    return False if tf.as_dtype(dtype).base_dtype == tf.bool else -np.inf
