@@ -2,41 +2,106 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
 import pathlib
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
-FAST_EXIT = pathlib.Path(__file__).resolve().parent / "fast_exit.py"
+LAUNCH_SERVER = pathlib.Path(__file__).resolve().parent / "launch_server.py"
+# The modules every test worker imports: the launcher imports them once and forks the workers (--preload).
+PRELOAD = "tensorflow,horovod.tensorflow,collective"
 
 
-def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]], fast_exit: bool = True):
+def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]], preload: bool = True):
     path = script if os.path.isabs(script) else str(WORKERS / script)
     full_env = dict(os.environ)
     full_env["CUDA_VISIBLE_DEVICES"] = ""  # the tests run on CPU, any number of workers, GPUs or not
     full_env.update(env or {})
-    # Each worker runs its script through fast_exit.py: the same program, without the interpreter's teardown.
-    runner = [str(FAST_EXIT)] if fast_exit else []
-    return [sys.executable, "-m", "collective.launch", "-n", str(n), *runner, path, *map(str, args)], full_env
+    options = ["--preload", PRELOAD] if preload else []
+    return [sys.executable, "-m", "collective.launch", "-n", str(n), *options, path, *map(str, args)], full_env
 
 
 def run_workers(script: str, n: int, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
-                timeout: float = 300, check: bool = True, fast_exit: bool = True) -> subprocess.CompletedProcess:
+                timeout: float = 300, check: bool = True, preload: bool = True,
+                server: bool = True) -> subprocess.CompletedProcess:
     """Runs ``tests/workers/<script>`` on ``n`` workers; with ``check`` a failure shows all output.
 
-    ``fast_exit=False`` hands the script to the launcher itself (to test what the launcher does with it).
+    ``preload=False`` starts each worker as a new interpreter, as the launcher does by default. With ``preload``
+    and ``server`` the launcher is forked from the session's warm launch server (tests/launch_server.py) instead of
+    started as a new process.
     """
-    cmd, full_env = _launch_command(script, n, args, env, fast_exit)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    cmd, full_env = _launch_command(script, n, args, env, preload)
+    if preload and server and full_env.get("PYTHONPATH") == os.environ.get("PYTHONPATH"):
+        proc = _WARM.run(cmd, full_env, timeout)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
                              f"--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-12000:]}")
     return proc
+
+
+class _WarmLauncher:
+    """The session's launch server, started on first use and stopped when the test process exits."""
+
+    def __init__(self):
+        self._proc: Optional[subprocess.Popen] = None
+        self._dir = ""
+
+    def _start(self) -> str:
+        if self._proc is None or self._proc.poll() is not None:
+            self._dir = tempfile.mkdtemp(prefix="collective-launch-server-")
+            path = os.path.join(self._dir, "socket")
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+            self._proc = subprocess.Popen([sys.executable, str(LAUNCH_SERVER), path, PRELOAD], env=env,
+                                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            line = self._proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"the launch server did not start (exit code {self._proc.wait()})")
+            atexit.register(self.stop)
+        return os.path.join(self._dir, "socket")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def run(self, cmd: List[str], env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)`` for a launcher command."""
+        path = self._start()
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.connect(path)
+            request = {"argv": cmd[3:], "env": env, "cwd": os.getcwd()}
+            socket.send_fds(conn, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+            conn.settimeout(timeout)
+            started = conn.recv(64)  # the launcher's pid, or nothing if it died before it began
+            try:
+                reply = conn.recv(64) if started else b""
+            except socket.timeout:
+                os.kill(int(started), signal.SIGKILL)
+                raise subprocess.TimeoutExpired(cmd, timeout) from None
+            code = int(reply) if reply else 1  # the launcher died without a word: its stderr says why
+            texts = []
+            for stream in (out, err):
+                stream.seek(0)
+                texts.append(stream.read().decode(errors="replace"))
+        return subprocess.CompletedProcess(cmd, code, *texts)
+
+
+_WARM = _WarmLauncher()
 
 
 def launch_once(fn: Callable) -> Callable:

@@ -1,7 +1,9 @@
 """The launcher: worker environment, failure propagation, clean-up and bad arguments."""
 
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -23,9 +25,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_failing_worker_stops_the_job_with_its_code(tmp_path):
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "new-interpreters"])
+def test_failing_worker_stops_the_job_with_its_code(tmp_path, preload):
     start = time.monotonic()
-    proc = run_workers("exit_code.py", 3, [tmp_path], check=False, timeout=60)
+    proc = run_workers("exit_code.py", 3, [tmp_path], check=False, timeout=60, preload=preload)
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, proc.stderr
     assert elapsed < 20, f"launcher took {elapsed:.1f}s to stop the job"
@@ -51,9 +54,57 @@ def test_each_worker_gets_its_rank_and_the_strategy(n):
 
 def test_missing_script_is_a_clear_error(tmp_path):
     missing = tmp_path / "no_such_script.py"
-    proc = run_workers(str(missing), 2, check=False, timeout=60, fast_exit=False)
+    proc = run_workers(str(missing), 2, check=False, timeout=60, preload=False)
     assert proc.returncode == 2
     assert f"script {str(missing)!r} does not exist" in proc.stderr
+
+
+def _probe_reports(proc):
+    """``{rank: report}`` from preload_probe.py's JSON lines."""
+    reports = {}
+    for line in proc.stdout.splitlines():
+        prefix, _, text = line.partition(" ")
+        if text.startswith("{"):
+            reports[int(prefix.strip("[]"))] = json.loads(text)
+    return reports
+
+
+def test_preloaded_workers_run_their_script_as_a_new_interpreter_does():
+    """--preload forks the workers from the launcher: each must still see what `python -u script` would give it
+    (its argv, sys.path[0], __main__, an empty stdin, unbuffered output, its own logging and random state, atexit
+    handlers, the traceback and exit code of an uncaught exception)."""
+    runs = {preload: run_workers("preload_probe.py", 3, ["fail"], check=False, timeout=120, preload=preload,
+                                 server=False)
+            for preload in (True, False)}
+    forked, fresh = (_probe_reports(runs[p]) for p in (True, False))
+    assert sorted(forked) == sorted(fresh) == [0, 1, 2], (runs[True].stdout, runs[True].stderr)
+    # Regression: forked workers shared the launcher's global numpy random state (every rank drew the same).
+    assert len({forked[rank]["draw"] for rank in range(3)}) == 3, forked
+    for rank in range(3):
+        draws = forked[rank].pop("draw"), fresh[rank].pop("draw")
+        assert forked[rank] == fresh[rank], rank
+        assert draws[0] != draws[1]
+    assert forked[0]["name"] == "__main__" and forked[0]["argv"][1:] == ["fail"] and not forked[0]["stdout_buffered"]
+    for preload, proc in runs.items():
+        assert proc.returncode == 1, (preload, proc.stderr)
+        assert "[2] ValueError: probe failure on rank 2" in proc.stderr and "[2] Traceback" in proc.stderr, preload
+        for rank in range(3):
+            assert f"[{rank}] probe-log INFO rank {rank} logs through its own configuration" in proc.stderr, preload
+            assert f"[{rank}] atexit handler of rank {rank} ran" in proc.stdout, preload
+
+
+def test_preload_refuses_what_it_cannot_fork(tmp_path):
+    (tmp_path / "starts_a_thread.py").write_text("import threading, time\n"
+                                                 "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    script = str(tmp_path / "unused.py")
+    (tmp_path / "unused.py").write_text("")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for module, message in [("starts_a_thread", "--preload starts_a_thread: importing it started a thread"),
+                            ("no_such_module", "--preload no_such_module: the import failed (ModuleNotFoundError")]:
+        proc = subprocess.run([sys.executable, "-m", "collective.launch", "-n", "2", "--preload", module, script],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert launch.main(["-n", "2", "-H", "a:1,b:1", "--preload", "numpy", script]) == 2
 
 
 def test_worker_count_defaults():
@@ -116,7 +167,7 @@ def test_local_rendezvous_listens_on_loopback_only():
     """Regression: Horovod's RendezvousServer bound every interface, an unauthenticated store reachable from afar."""
     import socket
 
-    server, port = launch._start_rendezvous(2)  # pylint: disable=protected-access
+    server, port, _ = launch._start_rendezvous(2)  # pylint: disable=protected-access
     try:
         assert server._httpd.server_address[0] == "127.0.0.1"  # pylint: disable=protected-access
         with socket.create_connection(("127.0.0.1", port), timeout=5):

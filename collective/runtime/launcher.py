@@ -26,10 +26,11 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Union
 
 from collective.runtime import devices
 from collective.runtime.devices import too_many_workers, visible_gpus
+from collective.runtime.preload import ForkedWorker, PreloadError, fork_worker, parse_modules, preload
 from collective.runtime.stall import DEFAULT_FIRST_STEP_TIMEOUT, FIRST_STEP_TIMEOUT_ENV
 from collective.runtime.stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from collective.runtime.stall import ENV as HEARTBEAT_ENV
@@ -112,23 +113,31 @@ def worker_env(base: Dict[str, str], rank: int, size: int, gpus: Sequence[str], 
     return env
 
 
-def _start_rendezvous(size: int):
+def _start_rendezvous(size: int, serve_later: bool = False):
     """A Horovod Gloo rendezvous server for ``size`` local slots, listening on loopback only.
 
     Horovod's ``RendezvousServer.start`` binds every interface (``find_port``
     binds ``('', port)``), and its store takes unauthenticated reads and
     writes: a local job has no reason to let other machines reach it.
+    Returns ``(server, port, serve)``: ``serve()`` starts its thread, which
+    with ``serve_later`` is left to the caller (after forking workers).
     """
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
 
     server = RendezvousServer(verbose=0)
     httpd = RendezvousHTTPServer((LOOPBACK, 0), RendezvousHandler, 0)  # port 0: the kernel picks a free one
-    thread = threading.Thread(target=httpd.serve_forever, name="rendezvous", daemon=True)
-    thread.start()
-    server._httpd, server._listen_thread = httpd, thread  # pylint: disable=protected-access
+    server._httpd = httpd  # pylint: disable=protected-access
     server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
-    return server, httpd.server_address[1]
+
+    def serve() -> None:
+        thread = threading.Thread(target=httpd.serve_forever, name="rendezvous", daemon=True)
+        thread.start()
+        server._listen_thread = thread  # pylint: disable=protected-access
+
+    if not serve_later:
+        serve()
+    return server, httpd.server_address[1], serve
 
 
 def _die_with_launcher() -> None:
@@ -151,18 +160,27 @@ def _pump(stream, rank: int, sink) -> None:
 
 
 class Job:
-    """N local worker processes, watched together."""
+    """N local worker processes, watched together.
 
-    def __init__(self, command: List[str], envs: List[Dict[str, str]]):
-        self.procs: List[subprocess.Popen] = []
+    With ``fork`` each worker is forked from this process (``--preload``, :mod:`collective.runtime.preload`)
+    instead of started as a new interpreter; every worker is forked before any output thread starts.
+    """
+
+    def __init__(self, command: List[str], envs: List[Dict[str, str]], fork: bool = False):
+        self.procs: List[Union[subprocess.Popen, ForkedWorker]] = []
         self._threads: List[threading.Thread] = []
-        for rank, env in enumerate(envs):
-            # Each worker leads its own process group so that stopping it
-            # also stops whatever it started.
-            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
-                                    preexec_fn=_die_with_launcher)
+        for env in envs:
+            if fork:
+                ours = [stream.fileno() for proc in self.procs for stream in (proc.stdout, proc.stderr)]
+                proc = fork_worker(command, env, before_run=_die_with_launcher, close_in_child=ours)
+            else:
+                # Each worker leads its own process group so that stopping it
+                # also stops whatever it started.
+                proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+                                        preexec_fn=_die_with_launcher)
             self.procs.append(proc)
+        for rank, proc in enumerate(self.procs):
             for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 t = threading.Thread(target=_pump, args=(stream, rank, sink), daemon=True)
                 t.start()
@@ -206,7 +224,7 @@ class Job:
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, TimeoutError):
                 pass
         for proc in self.procs:
             # The group may outlive its leader: kill it whatever the leader did.
@@ -234,7 +252,7 @@ def exit_reason(code: int) -> str:
     return text
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: Union[subprocess.Popen, ForkedWorker], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -254,14 +272,15 @@ def stop_grace_seconds() -> float:
 
 
 def run_local(command: List[str], size: int, gpus: Sequence[str], stall_timeout: float = DEFAULT_STALL_TIMEOUT,
-              first_step_timeout: float = DEFAULT_FIRST_STEP_TIMEOUT) -> int:
+              first_step_timeout: float = DEFAULT_FIRST_STEP_TIMEOUT, preload_modules: Sequence[str] = ()) -> int:
     """Runs ``command`` as ``size`` workers on this host and returns the job's exit code.
 
     Workers report progress to files in a temporary folder (:mod:`collective.runtime.stall`); with a
     ``stall_timeout`` (seconds, 0: off) a job whose workers make no progress that long is stopped,
-    ``first_step_timeout`` (0: no limit) being the limit while a worker has finished no step.
+    ``first_step_timeout`` (0: no limit) being the limit while a worker has finished no step. With
+    ``preload_modules`` the launcher imports them and forks the workers (:mod:`collective.runtime.preload`).
     """
-    server, port = _start_rendezvous(size)
+    server, port, serve = _start_rendezvous(size, serve_later=bool(preload_modules))
     cores = os.cpu_count() or 1
     base = dict(os.environ)
     beats = tempfile.mkdtemp(prefix="collective-heartbeats-")
@@ -273,8 +292,12 @@ def run_local(command: List[str], size: int, gpus: Sequence[str], stall_timeout:
             # Gloo's own limit (30 s) would end waits our detector allows: a long save on one rank, a long first
             # step on one rank.
             env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(max(stall_timeout, first_step_timeout) + 60)))
+    if preload_modules:
+        _preload_with_shared_env(preload_modules, envs, server)
     logger.info("starting %d worker(s): %s", size, " ".join(shlex.quote(c) for c in command))
-    job = Job(command, envs)
+    job = Job(command, envs, fork=bool(preload_modules))
+    if preload_modules:
+        serve()
     watch = (StallWatch(files, [p.pid for p in job.procs], stall_timeout, first_step_timeout)
              if stall_timeout > 0 else None)
 
@@ -296,6 +319,18 @@ def run_local(command: List[str], size: int, gpus: Sequence[str], stall_timeout:
         shutil.rmtree(beats, ignore_errors=True)
 
 
+def _preload_with_shared_env(modules: Sequence[str], envs: List[Dict[str, str]], server) -> None:
+    """Imports ``modules`` here with the variables every worker shares (thread counts, log level) already set,
+    as each worker's own import would see them; a failure closes the rendezvous and is a :class:`LaunchError`."""
+    shared = {key: value for key, value in envs[0].items() if all(env.get(key) == value for env in envs[1:])}
+    os.environ.update(shared)
+    try:
+        preload(modules)
+    except PreloadError as err:
+        server._httpd.server_close()  # pylint: disable=protected-access  (never served: stop() would wait forever)
+        raise LaunchError(str(err)) from None
+
+
 def horovodrun_command(command: List[str], size: int, hosts: str) -> List[str]:
     """The ``horovodrun`` command line for a multi-host job."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -315,7 +350,7 @@ def total_slots(hosts: str) -> int:
     return total
 
 
-_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "--stall-timeout", "-m")
+_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "--stall-timeout", "--preload", "-m")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -339,6 +374,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "export never count as a stall, and until a worker finishes its first step "
                              "COLLECTIVE_FIRST_STEP_TIMEOUT (default 1800; 0: none) is the limit")
     parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
+    parser.add_argument("--preload", default="", metavar="MODULE[,MODULE...]",
+                        help="import these modules once in the launcher and fork the workers from it instead of "
+                             "starting a new interpreter each (e.g. tensorflow,horovod.tensorflow): seconds of CPU "
+                             "less per worker; local jobs only; see collective.runtime.preload for what differs")
     own, rest = [], list(argv)
     while rest:
         token = rest[0]
@@ -365,6 +404,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         command = worker_command(args.script, args.module, args.args)
         if args.hosts:
+            if args.preload:
+                raise LaunchError("--preload forks workers on this host; a --hosts job is started by horovodrun, "
+                                  "so leave --preload out")
             size = args.num_workers if args.num_workers is not None else total_slots(args.hosts)
             full = horovodrun_command(command, size, args.hosts)
             logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
@@ -379,7 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise LaunchError(str(err)) from None
         if stall_timeout < 0:
             raise LaunchError(f"--stall-timeout {stall_timeout:g} must be >= 0 (0 turns stall detection off)")
-        return run_local(command, size, gpus, stall_timeout, first_step_timeout)
+        return run_local(command, size, gpus, stall_timeout, first_step_timeout, parse_modules(args.preload))
     except LaunchError as err:
         logger.error("%s", err)
         return 2
