@@ -505,3 +505,60 @@ def test_sok_dynamic_variable_grows_from_init_capacity():
     for a, b in zip(grown[:4], fixed[:4]):
         np.testing.assert_array_equal(a, b)
     assert len(grown[0]) == 26 and grown[4:] == [32, 32, 32] and fixed[4:] == [64, 64, 64], (grown[4:], fixed[4:])
+
+
+def test_saves_after_a_lookup_that_grew_the_table_hold_every_row(tmp_path):
+    """Regression: a training lookup grows a table's values at once but its optimizer slots and touched mask only
+    before their own update, so a save between the two (the lookup run alone, then a checkpoint) read past the end
+    of the shorter slot or mask. Both saves now catch up: a chain of a full save and a delta, each written right
+    after such a growth, restores into the table allocated at capacity key by key."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.checkpoint import Saver  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    def build(initial):
+        step = tf.compat.v1.train.get_or_create_global_step()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        table = hash_table.hash_embedding_variable(
+            "grown", 3, capacity_per_worker=64, initial_capacity_per_worker=initial,
+            initializer=tf.keras.initializers.RandomUniform(-0.5, 0.5, seed=3))
+        lookup = tf.nn.embedding_lookup(table, keys)
+        optimizer = tf.compat.v1.train.AdagradOptimizer(0.3)
+        train = optimizer.minimize(tf.reduce_sum(tf.square(lookup - 1.0)), global_step=step)
+        held, rows = hash_table.table_of(table).entries()
+        state = [held, tf.gather(table, rows), tf.gather(optimizer.get_slot(table, "accumulator"), rows)]
+        return keys, lookup, train, state
+
+    def by_key(state, wanted=None):
+        keys = state[0] if wanted is None else np.array(wanted)
+        at = {int(k): i for i, k in enumerate(state[0])}
+        return [np.stack([part[at[int(k)]] for k in sorted(keys)]) for part in state]
+
+    strategy = CollectiveStrategy("hb")
+    chain = str(tmp_path / "model.ckpt")
+    with tf.Graph().as_default(), strategy.scope():
+        keys, lookup, train, state = build(2)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {keys: [1, 2, 3]})
+            sess.run(lookup, {keys: np.arange(10, 30)})  # values grow to 32 rows; the slot and mask stay at 4
+            saver.save(sess, chain, global_step=1)
+            sess.run(train, {keys: [2, 5]})
+            sess.run(lookup, {keys: np.arange(30, 50)})  # values grow to 64 rows; the slot and mask stay at 32
+            delta = saver.save_incremental(sess, chain, global_step=2)
+            saved = sess.run(state)
+    assert len(saved[0]) == 44
+    with tf.Graph().as_default(), strategy.scope():
+        keys, lookup, train, state = build(None)
+        with tf.compat.v1.Session() as sess:
+            saver = Saver()
+            saver.restore(sess, delta)
+            restored = sess.run(state)
+    # The keys the last lookup added were never trained: no delta holds them (they start again from their
+    # initializer when next seen).
+    kept = [1, 2, 3, 5, *range(10, 30)]
+    for ours, theirs in zip(by_key(saved, kept), by_key(restored, kept)):
+        np.testing.assert_array_equal(ours, theirs)

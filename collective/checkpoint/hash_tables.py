@@ -18,7 +18,7 @@ rows at the rows the index hands out.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -139,7 +139,19 @@ def build_save(family: HashFamily, part_prefix: tf.Tensor) -> None:
     keys, rows = family.index.entries()
     family.save, family.row_splits = write_keyed(
         part_prefix, family.name, [checkpoint_key(v) for v in family.variables], keys,
-        [logical.held_values(v, rows) for v in family.variables])
+        rows_of_each(family.index, family.variables, rows))
+
+
+def rows_of_each(index, variables: Sequence[tf.Variable], rows: tf.Tensor) -> List[tf.Tensor]:
+    """``rows`` of each of ``variables`` (values, slots, usage) of the hash table ``index``, for a save.
+
+    A growing table's slots reach its allocation only right before their own
+    update, so a save that comes between a lookup that grew the table and that
+    update first catches them up.
+    """
+    grown = [op for op in (index.catch_up(v) for v in variables) if op is not None]
+    with tf.control_dependencies(grown):
+        return [logical.held_values(v, rows) for v in variables]
 
 
 def write_keyed(part_prefix: tf.Tensor, name: str, names: List[str], keys: tf.Tensor,

@@ -104,7 +104,7 @@ def _changed(table: DeltaTable):
     info = table.info
     if info.hash_index is not None:
         keys, rows = info.hash_index.entries()
-        marked = tf.gather(touched.marked(values), rows)
+        marked = touched.marked_at(values, rows)
         return tf.boolean_mask(keys, marked), tf.boolean_mask(rows, marked)
     local = touched.touched_rows(values)
     keys = info.layout.global_row(local)
@@ -119,9 +119,11 @@ def build_save(table: DeltaTable, part_prefix: tf.Tensor, names: Optional[Mappin
     """Adds this worker's write of ``table``'s changed rows (a collective: every worker builds and runs it)."""
     keys, rows = _changed(table)
     table.rows = tf.size(keys)
+    index = table.info.hash_index
+    rows_of_each = [tf.gather(v, rows) for v in table.variables] if index is None else \
+        hash_tables.rows_of_each(index, table.variables, rows)
     table.save, table.row_splits = hash_tables.write_keyed(
-        part_prefix, table.name, [checkpoint_key(v, names) for v in table.variables], keys,
-        [tf.gather(v, rows) for v in table.variables])
+        part_prefix, table.name, [checkpoint_key(v, names) for v in table.variables], keys, rows_of_each)
     if table.dynamic is not None:
         table.tombstone_save, table.tombstone_splits = hash_tables.write_keyed(
             tf.strings.join([part_prefix, TOMBSTONE_PART]), tombstones_key(table.name), [],

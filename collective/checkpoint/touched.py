@@ -280,6 +280,21 @@ def marked(table: tf.Variable) -> tf.Tensor:
     return tf.logical_or(_read(rows, rows.mask), _read(rows, rows.every))
 
 
+def marked_at(table: tf.Variable, local: tf.Tensor) -> tf.Tensor:
+    """:func:`marked` at the local rows ``local`` of ``table``.
+
+    A growing table's mask reaches its allocation only before the next marking, so rows a lookup added
+    since (past the mask's end) are marked by the every-row flag alone.
+    """
+    if _growth(table) is None:
+        return tf.gather(marked(table), local)
+    rows = _rows_of(table)
+    mask = _read(rows, rows.mask)
+    inside = local < tf.shape(mask, out_type=local.dtype)[0]
+    held = tf.where(inside, tf.gather(mask, tf.where(inside, local, tf.zeros_like(local))), False)
+    return tf.logical_or(held, _read(rows, rows.every))
+
+
 def row_state(table: tf.Variable) -> List[Tuple[tf.Tensor, tf.Variable]]:
     """``[(value, variable)]`` of ``table``'s per-row marks: the touched mask and, where kept, the update times.
 
