@@ -186,6 +186,45 @@ def test_monitored_training_session_resumes_from_the_chain_on_another_worker_cou
     ic.assert_same_model(restore_and_save(latest, tmp_path), str(run["base"] / "ref" / "model.ckpt-6"), "MTS")
 
 
+def test_a_save_by_another_saver_makes_the_next_delta_a_full_checkpoint(tmp_path, caplog):
+    """Regression: the touched-row marks are shared by the graph's Savers. A full save by a second Saver (a
+    best-model copy elsewhere) cleared them, and the chain's next delta left out the rows changed before it: the
+    chain restored them stale, without an error. That save_incremental now writes a full checkpoint."""
+    strategy = CollectiveStrategy("hb")
+    chain_dir, best_dir = tmp_path / "chain" / "model.ckpt", tmp_path / "best" / "model.ckpt"
+
+    def build():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("t", [8, 2], initializer=tf.compat.v1.ones_initializer())
+        step = tf.compat.v1.train.get_or_create_global_step()
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
+        return ids, table, tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss, global_step=step)
+
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train = build()
+        chain, best = Saver(), Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            chain.save(sess, str(chain_dir), global_step=0)
+            sess.run(train, {ids: [1, 2]})
+            best.save(sess, str(best_dir), global_step=1)
+            sess.run(train, {ids: [5]})
+            with caplog.at_level(logging.WARNING, logger="collective.checkpoint"):
+                fallback = chain.save_incremental(sess, str(chain_dir), global_step=2)
+            sess.run(train, {ids: [6]})
+            delta = chain.save_incremental(sess, str(chain_dir), global_step=3)
+            want = sess.run(table)
+    assert fallback == f"{chain_dir}-2" and "another Saver saved or restored a checkpoint" in caplog.text
+    assert delta == f"{chain_dir}-3.delta"
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train = build()
+        with tf.compat.v1.Session() as sess:
+            Saver().restore(sess, delta)
+            np.testing.assert_array_equal(sess.run(table), want)
+    assert not np.all(want[[1, 2, 5, 6]] == 1.0)
+
+
 def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every_row(tmp_path):
     strategy = CollectiveStrategy("hb")
     with strategy.scope(), tf.Graph().as_default():

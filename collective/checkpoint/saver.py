@@ -48,6 +48,9 @@ from collective.embedding.table import shard_of
 from collective.tf_internals import checkpoint_management, compat, extending, io_ops, saver_lib, training_util
 
 logger = logging.getLogger("collective.checkpoint")
+# How many times the touched-row marks of each graph have been cleared, by any Saver: a chain whose last link
+# was not the last clear would miss the rows marked before that clear.
+_MARKS_CLEARED: "weakref.WeakKeyDictionary[tf.Graph, int]" = weakref.WeakKeyDictionary()
 
 ROW_SPLITS_SCOPE = "_collective/row_splits/"
 
@@ -86,6 +89,7 @@ class Saver(saver_lib.Saver):
         self._sharded_vars: List = []
         self._last_restore: Tuple[Optional[weakref.ref], Optional[str]] = (None, None)
         self._chain: Optional[manifest.Chain] = None  # what the next delta chains to
+        self._marks_cleared = 0  # the graph's count of mark clears after this saver's last link (_MARKS_CLEARED)
         self._fingerprint: Optional[Tuple[str, dict]] = None
         # Set by IncrementalSaverHook: a restore of a model_dir's latest full checkpoint takes its newest chain.
         self.resume_chains = False
@@ -288,6 +292,11 @@ class Saver(saver_lib.Saver):
         ``<save_path>-<step>.delta``; restore it with :meth:`restore` (base and
         deltas in order, on any number of workers). Returns that prefix.
 
+        When another ``Saver`` of the graph saved or restored a checkpoint
+        since this saver's last link, the rows changed before that are no
+        longer marked: this writes a full checkpoint (``<save_path>-<step>``,
+        its prefix returned) that starts a new chain, and logs why.
+
         Raises:
           CheckpointError: no full checkpoint to chain to yet, or a worker failed (the previous delta stays
             the last complete one).
@@ -303,6 +312,11 @@ class Saver(saver_lib.Saver):
         if self._chain is None:
             raise CheckpointError(
                 "save_incremental needs a full checkpoint to chain to: call saver.save(...) (or restore one) first")
+        if _MARKS_CLEARED.get(sess.graph, 0) != self._marks_cleared:
+            logger.warning("another Saver saved or restored a checkpoint after %s, the end of this saver's chain, "
+                           "and so cleared the marks of the rows changed before it: writing a full checkpoint "
+                           "instead of a delta (a delta would restore those rows stale)", self._chain_end())
+            return self._save_all(sess, save_path, global_step, None, "meta", True, True, False, False)
         save_path = compat.as_str(save_path)
         if global_step is not None and not isinstance(global_step, compat.integral_types):
             global_step = training_util.global_step(sess, global_step)
@@ -321,7 +335,7 @@ class Saver(saver_lib.Saver):
         if rank == 0:
             error = _attempt(lambda: self._commit_delta(sess, prefix, parts_dir, n, global_step, rows))
         self._agree(sess, error, f"committing incremental checkpoint {prefix}")
-        sess.run(self._clear_touched)
+        self._clear_marks(sess)
         self._chain = manifest.Chain(self._chain.base, self._chain.deltas + [prefix], global_step)
         logger.info("incremental checkpoint %s: %s rows", prefix,
                     ", ".join(f"{t.name} {r}" for t, r in zip(self._delta_tables, rows)) or "no tables")
@@ -363,8 +377,15 @@ class Saver(saver_lib.Saver):
 
     def _start_chain(self, sess, checkpoint_file: str) -> None:
         """After a committed full save or a restore: later deltas chain to ``checkpoint_file``; nothing is marked."""
-        sess.run(self._clear_touched)
+        self._clear_marks(sess)
         self._chain = manifest.Chain(checkpoint_file, [], None)
+
+    def _clear_marks(self, sess) -> None:
+        sess.run(self._clear_touched)
+        self._marks_cleared = _MARKS_CLEARED[sess.graph] = _MARKS_CLEARED.get(sess.graph, 0) + 1
+
+    def _chain_end(self) -> str:
+        return self._chain.deltas[-1] if self._chain.deltas else self._chain.base
 
     def checkpoint_file(self, save_path: str, global_step: Optional[int] = None) -> str:
         """The prefix :meth:`save` writes for ``save_path`` at ``global_step``: ``<save_path>-<step>``."""
