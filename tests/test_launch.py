@@ -40,6 +40,13 @@ def test_failing_worker_stops_the_job_with_its_code(tmp_path, preload):
     assert not [p for p in pids if _alive(p)], "workers or their children outlived the launcher"
 
 
+def test_the_worker_that_failed_first_names_the_job_s_exit_code(tmp_path):
+    """Regression: the launcher reported the lowest failed rank of its poll, so a failure that followed another
+    worker's (Horovod's "has been shut down" after a crash) within the same poll took the job's exit code."""
+    proc = run_workers("exit_order.py", 3, [tmp_path], check=False, timeout=60)
+    assert proc.returncode == 17 and "worker 2 exited with code 17" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_each_worker_gets_its_rank_and_the_strategy(n):
     proc = run_workers("echo_env.py", n, env={"COLLECTIVE_STRATEGY": "sok", "CUDA_VISIBLE_DEVICES": ""})

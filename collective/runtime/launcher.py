@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Set, Union
 
 from collective.runtime import devices
 from collective.runtime.devices import too_many_workers, visible_gpus
-from collective.runtime.preload import ForkedWorker, PreloadError, fork_worker, parse_modules, preload
+from collective.runtime.preload import ForkedWorker, PreloadError, fork_worker, parse_modules, preload, reap_in_order
 from collective.runtime.stall import DEFAULT_FIRST_STEP_TIMEOUT, FIRST_STEP_TIMEOUT_ENV
 from collective.runtime.stall import DEFAULT_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from collective.runtime.stall import ENV as HEARTBEAT_ENV
@@ -180,6 +180,8 @@ class Job:
                                         stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
                                         preexec_fn=_die_with_launcher)
             self.procs.append(proc)
+        if fork:
+            reap_in_order(self.procs)
         for rank, proc in enumerate(self.procs):
             for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 t = threading.Thread(target=_pump, args=(stream, rank, sink), daemon=True)
@@ -194,16 +196,17 @@ class Job:
         next_check = time.monotonic() + 1.0
         exited: Set[int] = set()
         while True:
-            for rank, proc in enumerate(self.procs):
-                code = proc.poll()
-                if code is None:
-                    continue
-                if code != 0:
-                    exit_code = code if code > 0 else 128 - code
-                    logger.error("worker %d %s; stopping the other workers", rank, exit_reason(code))
-                    self.stop()
-                    return exit_code
-                exited.add(rank)
+            codes = [(rank, proc.poll()) for rank, proc in enumerate(self.procs)]
+            failed = [(rank, code) for rank, code in codes if code not in (None, 0)]
+            if failed:
+                # The worker that failed first: the others' failures are often its consequence (Horovod's "has
+                # been shut down"). Forked workers know their order of exit; started ones, their order of rank.
+                rank, code = min(failed, key=lambda failure: (_exit_order(self.procs[failure[0]]), failure[0]))
+                exit_code = code if code > 0 else 128 - code
+                logger.error("worker %d %s; stopping the other workers", rank, exit_reason(code))
+                self.stop()
+                return exit_code
+            exited.update(rank for rank, code in codes if code == 0)
             if len(exited) == len(self.procs):
                 self._drain()
                 return 0
@@ -235,6 +238,11 @@ class Job:
     def _drain(self) -> None:
         for t in self._threads:
             t.join(timeout=2.0)
+
+
+def _exit_order(proc: Union[subprocess.Popen, ForkedWorker]) -> float:
+    order = getattr(proc, "exit_order", None)
+    return float("inf") if order is None else order
 
 
 def exit_reason(code: int) -> str:

@@ -60,29 +60,54 @@ def preload(modules: Sequence[str]) -> None:
 
 
 class ForkedWorker:
-    """One forked worker, with the part of ``subprocess.Popen`` the launcher uses."""
+    """One forked worker, with the part of ``subprocess.Popen`` the launcher uses.
+
+    Its exit is collected by :func:`reap_in_order`, which also numbers the workers' exits in the order they came.
+    """
 
     def __init__(self, pid: int, stdout, stderr):
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
+        self.exit_order: Optional[int] = None
         self.returncode: Optional[int] = None
 
     def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """The exit code (``-signal`` when killed), as ``Popen.wait``; ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while self.returncode is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"worker {self.pid} still running after {timeout:g} s")
             time.sleep(0.02)
         return self.returncode
+
+
+def reap_in_order(workers: Sequence[ForkedWorker]) -> threading.Thread:
+    """Starts a thread that waits for ``workers`` (this process's only children) as each one ends, recording
+    each exit code and its place in the order of exits; start it after the last fork."""
+    by_pid = {worker.pid: worker for worker in workers}
+
+    def reap() -> None:
+        order = 0
+        while any(worker.returncode is None for worker in by_pid.values()):
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:  # reaped elsewhere: their codes are lost, so say they failed
+                for worker in by_pid.values():
+                    if worker.returncode is None:
+                        worker.exit_order, worker.returncode = order, 1
+                return
+            worker = by_pid.get(pid)
+            if worker is not None:
+                worker.exit_order, order = order, order + 1
+                worker.returncode = os.waitstatus_to_exitcode(status)
+
+    thread = threading.Thread(target=reap, name="reaper", daemon=True)
+    thread.start()
+    return thread
 
 
 def fork_worker(command: Sequence[str], env: Dict[str, str], before_run: Callable[[], None],
