@@ -13,7 +13,6 @@ already imported. The child's exit code comes back over the socket.
 
 import json
 import os
-import signal
 import socket
 import sys
 import traceback
@@ -23,17 +22,11 @@ from collective.runtime import launcher, preload
 _MAX_REQUEST = 1 << 22
 
 
-def _die_with_parent() -> None:
-    import ctypes  # pylint: disable=import-outside-toplevel
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _serve_one(conn: socket.socket, request: dict, out_fd: int, err_fd: int) -> None:
     """In the forked child: becomes ``python -m collective.launch *request['argv']``; never returns."""
     code = 1
     try:
-        _die_with_parent()
+        launcher._die_with_launcher()  # pylint: disable=protected-access  (dies with its parent)
         devnull = os.open(os.devnull, os.O_RDONLY)
         for fd, target in ((devnull, 0), (out_fd, 1), (err_fd, 2)):
             os.dup2(fd, target)
@@ -59,7 +52,7 @@ def _serve_one(conn: socket.socket, request: dict, out_fd: int, err_fd: int) -> 
 
 def main() -> None:
     path, modules = sys.argv[1], preload.parse_modules(sys.argv[2])
-    _die_with_parent()
+    launcher._die_with_launcher()  # pylint: disable=protected-access  (dies with its parent)
     preload.preload(modules)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)

@@ -227,7 +227,7 @@ class Job:
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except (subprocess.TimeoutExpired, TimeoutError):
+            except subprocess.TimeoutExpired:
                 pass
         for proc in self.procs:
             # The group may outlive its leader: kill it whatever the leader did.

@@ -27,6 +27,7 @@ import logging
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -76,11 +77,11 @@ class ForkedWorker:
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        """The exit code (``-signal`` when killed), as ``Popen.wait``; ``TimeoutError`` after ``timeout`` seconds."""
+        """The exit code (``-signal`` when killed), as ``Popen.wait`` (``subprocess.TimeoutExpired`` after ``timeout``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"worker {self.pid} still running after {timeout:g} s")
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
             time.sleep(0.02)
         return self.returncode
 
@@ -177,7 +178,7 @@ def exit_code(err: SystemExit) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    sys.stderr.write(f"{code}\n")  # as the interpreter reports a non-integer exit code
     return 1
 
 
