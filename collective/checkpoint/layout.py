@@ -13,6 +13,7 @@ plus one stored block.
 
 from __future__ import annotations
 
+import functools
 from typing import List
 
 import numpy as np
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.checkpoint import logical
-from collective.embedding.layout import ShardLayout
+from collective.embedding.layout import ShardLayout, positions_in_block
 from collective.embedding.table import ShardInfo
 from collective.tf_internals import io_ops
 
@@ -77,19 +78,38 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
     a tensor). Reading whole stored slices means each is read exactly once.
     """
     full_shape = list(full_shape)
-    blocks = tf.size(row_splits) - 1
-    row_shape = tf.TensorShape([None]).concatenate(tf.TensorShape(
-        [d if isinstance(d, int) else None for d in full_shape[1:]]))
+    shape = tf.stack([tf.cast(d, tf.int64) for d in full_shape])
+    first, step = layout.stride()
+    rows = _block_reader(tf.as_dtype(dtype), len(full_shape))(
+        tf.convert_to_tensor(prefix, tf.string), tf.constant(key), tf.cast(row_splits, tf.int64), shape,
+        tf.constant(first, tf.int64), tf.constant(step, tf.int64))
+    rows.set_shape([None] + [d if isinstance(d, (int, np.integer)) else None for d in full_shape[1:]])
+    return rows
 
-    def body(b, parts):
-        lo, hi = row_splits[b], row_splits[b + 1]
-        spec = slice_spec(full_shape, lo, hi - lo)
-        values = io_ops.restore_v2(prefix, [key], tf.reshape(spec, [1]), [dtype])[0]
-        return b + 1, parts.write(b, tf.gather(values, layout.held_in_block(lo, hi)))
 
-    # One more element, empty, so that the concat of no stored block needs no tf.cond.
-    parts = tf.TensorArray(dtype, size=blocks + 1, infer_shape=False, element_shape=row_shape)
-    parts = parts.write(blocks, tf.zeros([0] + full_shape[1:], dtype))
-    _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts],
-                             parallel_iterations=1)
-    return parts.concat()
+@functools.lru_cache(maxsize=None)
+def _block_reader(dtype: tf.DType, rank: int):
+    """One function per dtype and rank that every table's restore calls: a graph holds one loop per kind of
+    tensor instead of one per table (each loop costs a tenth of a second to build)."""
+    signature = [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string), tf.TensorSpec([None], tf.int64),
+                 tf.TensorSpec([rank], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)]
+
+    @tf.function(input_signature=signature, autograph=False)
+    def read_held_rows(prefix, key, row_splits, shape, first, step):
+        blocks = tf.size(row_splits) - 1
+        dims = [shape[i] for i in range(rank)]
+
+        def body(b, parts):
+            lo, hi = row_splits[b], row_splits[b + 1]
+            spec = slice_spec(dims, lo, hi - lo)
+            values = io_ops.restore_v2(prefix, tf.reshape(key, [1]), tf.reshape(spec, [1]), [dtype])[0]
+            return b + 1, parts.write(b, tf.gather(values, positions_in_block(lo, hi, first, step)))
+
+        # One more element, empty, so that the concat of no stored block needs no tf.cond.
+        parts = tf.TensorArray(dtype, size=blocks + 1, infer_shape=False,
+                               element_shape=tf.TensorShape([None] * rank))
+        parts = parts.write(blocks, tf.zeros(tf.concat([[0], shape[1:]], 0), dtype))
+        _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts], parallel_iterations=1)
+        return parts.concat()
+
+    return read_held_rows

@@ -16,7 +16,7 @@ initial values, hash tables, checkpoints, export) asks a :class:`ShardLayout`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Tuple
 
 import tensorflow as tf
 
@@ -64,9 +64,17 @@ class ShardLayout:
         """This rank's rows of a whole logical table (a numpy array or a tensor)."""
         return full[self.rank::self.world_size] if self.sharded else full
 
+    def stride(self) -> Tuple[int, int]:
+        """``(first, step)``: this rank holds logical rows ``first, first + step, ...``."""
+        return (self.rank, self.world_size) if self.sharded else (0, 1)
+
     def held_in_block(self, lo: tf.Tensor, hi: tf.Tensor) -> tf.Tensor:
         """Positions within the logical block ``[lo, hi)`` of the rows this rank holds (int64)."""
-        if not self.sharded:
-            return tf.range(hi - lo, dtype=tf.int64)
-        first = tf.math.floormod(self.rank - lo, self.world_size)
-        return tf.range(first, hi - lo, self.world_size, dtype=tf.int64)
+        return positions_in_block(lo, hi, *self.stride())
+
+
+def positions_in_block(lo: tf.Tensor, hi: tf.Tensor, first, step) -> tf.Tensor:
+    """Positions within the logical block ``[lo, hi)`` of rows ``first, first + step, ...`` (int64; the
+    arguments may be tensors)."""
+    start = tf.math.floormod(tf.cast(first, tf.int64) - lo, tf.cast(step, tf.int64))
+    return tf.range(start, hi - lo, step, dtype=tf.int64)
