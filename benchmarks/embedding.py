@@ -36,6 +36,7 @@ import tensorflow as tf
 from datasets import schema
 from datasets.synthetic.generate import cardinalities as criteo_cardinalities
 from datasets.synthetic.generate import zipf_ranks
+from benchmarks.launching import launch_command
 from collective.byte_model import bytes_per_sample
 from collective.cli import add_flag
 
@@ -149,10 +150,10 @@ class Result:
 def measure(backend: str, workers: int, args: argparse.Namespace) -> Result:
     """Runs the workers through the launcher and reduces their timings."""
     with tempfile.TemporaryDirectory(prefix="bench-embedding-") as out:
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "-m", "benchmarks.embedding",
-               "--worker", "--out", out, "--backend", backend, "--batch_size", str(args.batch_size),
-               "--scale", str(args.scale), "--steps", str(args.steps), "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup)] + (["--per_table"] if args.per_table else [])
+        flags = ["--worker", "--out", out, "--backend", backend, "--batch_size", str(args.batch_size),
+                 "--scale", str(args.scale), "--steps", str(args.steps), "--repeats", str(args.repeats),
+                 "--warmup", str(args.warmup)] + (["--per_table"] if args.per_table else [])
+        cmd = launch_command(workers, "benchmarks.embedding", *flags)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")

@@ -46,12 +46,13 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from benchmarks.launching import ROOT, launch_command, worker_env
 
 FILE = "online.json"
 CONFIGS: Dict[str, Dict[str, Any]] = {
@@ -295,16 +296,13 @@ def measure(config: Dict[str, Any], workers: Sequence[int], work_dir: Optional[s
     """Launches one job per worker count; returns ``{"config", "machine", "runs": [summaries]}``."""
     from benchmarks import machine  # pylint: disable=import-outside-toplevel
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = []
     for n in workers:
         with tempfile.TemporaryDirectory(prefix="online-", dir=work_dir) as tmp:
-            cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.online",
-                   "--worker", tmp, "--config_json", json.dumps(config)]
-            env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                       TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+            cmd = launch_command(n, "benchmarks.online", "--worker", tmp, "--config_json", json.dumps(config))
+            env = worker_env(CUDA_VISIBLE_DEVICES="")
             started = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=3600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[:6])} exited {proc.returncode}:\n{proc.stderr[-6000:]}")
             ranks = []

@@ -29,10 +29,11 @@ import logging
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
+
+from benchmarks.launching import ROOT, launch_command, worker_env
 
 VARIANTS = ("bare", "heartbeat", "checkpoint_flag", "loss_allreduce", "throughput")
 FILE = "overhead.json"
@@ -85,15 +86,12 @@ def worker(out_dir: str, steps: int) -> None:
 
 def measure(workers: Sequence[int], steps: int) -> Dict[str, Any]:
     """``{"steps", "rows": [{workers, variant, median_us, added_us}]}`` over launches of ``workers`` each."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for n in workers:
         with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
-            cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.overhead",
-                   "--worker", tmp, "--steps", str(steps)]
-            env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                       TF_CPP_MIN_LOG_LEVEL="2")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=900)
+            cmd = launch_command(n, "benchmarks.overhead", "--worker", tmp, "--steps", str(steps))
+            env = worker_env()
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
             with open(os.path.join(tmp, "rank0.json")) as f:

@@ -29,11 +29,11 @@ import numpy as np
 
 from benchmarks import config as configs
 from benchmarks import machine, projection
+from benchmarks.launching import ROOT, launch_command, worker_env
 from collective.byte_model import bytes_per_sample
 from collective.cli import add_flag
 
 logger = logging.getLogger("benchmarks.run")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORTS = os.path.join(ROOT, "reports")
 RECORD_SCHEMA = 1
 
@@ -169,10 +169,8 @@ def run_launch(specs: List[Dict[str, Any]], data_dir: str, host: Dict[str, Any],
         spec_path = os.path.join(tmp, "specs.json")
         with open(spec_path, "w") as f:
             json.dump(specs, f)
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(n), "-m", "benchmarks.worker", spec_path, data_dir,
-               tmp]
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   TF_CPP_MIN_LOG_LEVEL="2")
+        cmd = launch_command(n, "benchmarks.worker", spec_path, data_dir, tmp)
+        env = worker_env()
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(specs), env=env,

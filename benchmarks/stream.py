@@ -34,6 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from benchmarks.launching import ROOT, launch_command, worker_env
+
 logger = logging.getLogger("benchmarks.stream")
 FILE = "stream.json"
 FIELDS = 8
@@ -197,17 +199,14 @@ def _next_day_auc(out_dir: str, variant: str, day: int, workers: int, samples: i
 
 def measure(workers: int, days: int, samples: int, capacity: int, names: Sequence[str]) -> Dict[str, Any]:
     """Launches one job per variant; ``{"config": ..., "rows": [per day and variant, with per-worker lists]}``."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for variant in names:
         with tempfile.TemporaryDirectory(prefix="stream-") as tmp:
-            cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "-m", "benchmarks.stream",
-                   "--worker", tmp, "--variant", variant, "--days", str(days), "--samples_per_day", str(samples),
-                   "--capacity", str(capacity)]
-            env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                       TF_CPP_MIN_LOG_LEVEL="2")
+            cmd = launch_command(workers, "benchmarks.stream", "--worker", tmp, "--variant", variant, "--days",
+                                 str(days), "--samples_per_day", str(samples), "--capacity", str(capacity))
+            env = worker_env()
             print(f"stream: {variant} on {workers} workers, {days} days of {samples} samples", flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=3600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
             per_rank = []
