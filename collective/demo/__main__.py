@@ -33,6 +33,7 @@ from collective.demo import figures
 logger = logging.getLogger("collective.demo")
 BACKENDS = ("hb", "sok")
 RUNS = ("plain",) + BACKENDS
+PRELOAD = "tensorflow,horovod.tensorflow,collective"  # imported once by the launcher, which forks the workers
 
 
 def _train(workers: int, run: str, model_dir: str, flags: List[str]) -> Dict[str, object]:
@@ -44,7 +45,8 @@ def _train(workers: int, run: str, model_dir: str, flags: List[str]) -> Dict[str
     if run == "plain":  # the baseline needs no SavedModel: the backends' exports are what gets served
         cmd, where = [sys.executable, script, "--plain", "--export_dir", "none"], "in one process"
     else:
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), script, "--backend", run]
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "--preload", PRELOAD, script,
+               "--backend", run]
         where = f"on {workers} workers"
     cmd += ["--model_dir", model_dir, *flags]
     logger.info("running %s", " ".join(cmd))
