@@ -45,6 +45,9 @@ DEFAULTS: Dict[str, Any] = {
     # One launch per worker count running its runs one after another (fast,
     # for tests; peak memory is then the process's peak so far).
     "share_launch": False,
+    # Workers forked from a launcher that imported TensorFlow once (``--preload``; fast, for tests): step times
+    # are the same, but a forked worker's peak RSS leaves out the imported pages it never touches (~200 MB).
+    "preload": False,
     "projection": {"batch_size": 512, "max_workers": 1024, "batches": 2, "movielens": True},
     "reader": False,  # measure the Parquet reader's rows/s on one core (benchmarks.data)
     "note": "",

@@ -162,14 +162,15 @@ def _failed(spec: Dict[str, Any], host: Dict[str, Any], config_name: str, wall: 
 
 
 def run_launch(specs: List[Dict[str, Any]], data_dir: str, host: Dict[str, Any], config_name: str,
-               timeout: float) -> List[Dict[str, Any]]:
-    """Runs ``specs`` (all on the same number of workers) in one launch; one record each (``failed`` on error)."""
+               timeout: float, preload: bool = False) -> List[Dict[str, Any]]:
+    """Runs ``specs`` (all on the same number of workers) in one launch, its workers forked with ``preload``; one
+    record each (``failed`` on error)."""
     n = specs[0]["workers"]
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         spec_path = os.path.join(tmp, "specs.json")
         with open(spec_path, "w") as f:
             json.dump(specs, f)
-        cmd = launch_command(n, "benchmarks.worker", spec_path, data_dir, tmp)
+        cmd = launch_command(n, "benchmarks.worker", spec_path, data_dir, tmp, preload=preload)
         env = worker_env()
         start = time.perf_counter()
         try:
@@ -271,7 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-data-") as data_dir:
         write_data(config, data_dir)
         for group in launches(specs, config["share_launch"]):
-            for record in run_launch(group, data_dir, host, config["name"], config["timeout_s"]):
+            for record in run_launch(group, data_dir, host, config["name"], config["timeout_s"],
+                                     config["preload"]):
                 done += 1
                 failed += record["status"] != "ok"
                 with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:

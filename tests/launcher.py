@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Optional, Sequence
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -58,8 +60,13 @@ class _WarmLauncher:
     def __init__(self):
         self._proc: Optional[subprocess.Popen] = None
         self._dir = ""
+        self._lock = threading.Lock()  # launches may be requested from several threads (run_together)
 
     def _start(self) -> str:
+        with self._lock:
+            return self._start_locked()
+
+    def _start_locked(self) -> str:
         if self._proc is None or self._proc.poll() is not None:
             self._dir = tempfile.mkdtemp(prefix="collective-launch-server-")
             path = os.path.join(self._dir, "socket")
@@ -121,6 +128,22 @@ def launch_once(fn: Callable) -> Callable:
         return value
 
     return cached
+
+
+def run_together(calls: Sequence[Callable[[], Any]]) -> List[Tuple[bool, Any]]:
+    """Runs ``calls`` (launches) at the same time and returns ``(True, result)`` or ``(False, exception)`` of each,
+    in order, once all have ended.
+
+    A one-worker launch leaves one of two cores idle; started beside launches of more workers, it fills it.
+    """
+    def outcome(call):
+        try:
+            return True, call()
+        except Exception as err:  # pylint: disable=broad-except  (each caller raises its own)
+            return False, err
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return list(pool.map(outcome, calls))
 
 
 def load_rank_results(out_dir: pathlib.Path, n: int) -> List[Dict[str, np.ndarray]]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from launcher import run_workers
+from launcher import run_together, run_workers
 
 import collective.data
 from collective.byte_model import sent_bytes
@@ -65,9 +65,13 @@ def zoo(tmp_path_factory):
         d.mkdir()
     _write_criteo(criteo)
     _write_movielens(ml)
-    run_workers("modelzoo_worker.py", 1, [out, criteo, ml, "plain", "hb+export"], timeout=1500)
-    run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export+example", "hb+estimator",
-                                          "hb+estimator+resume+export"], timeout=1500)
+    launches = run_together([
+        lambda: run_workers("modelzoo_worker.py", 1, [out, criteo, ml, "plain", "hb+export"], timeout=1500),
+        lambda: run_workers("modelzoo_worker.py", 2, [out, criteo, ml, "hb", "sok+export+example", "hb+estimator",
+                                                      "hb+estimator+resume+export"], timeout=1500)])
+    for ok, value in launches:
+        if not ok:
+            raise value
     results = {}
     for model in MODELS:
         for backend, n in RUNS:
