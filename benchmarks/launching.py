@@ -13,13 +13,14 @@ import os
 import sys
 from typing import Dict, List
 
+from collective.runtime.preload import WORKER_MODULES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRELOAD = "tensorflow,horovod.tensorflow,collective"
 
 
 def launch_command(workers: int, module: str, *args: str, preload: bool = False) -> List[str]:
     """The command that runs ``python -m module args`` on ``workers`` local workers (forked with ``preload``)."""
-    forked = ["--preload", PRELOAD] if preload else []
+    forked = ["--preload", WORKER_MODULES] if preload else []
     return [sys.executable, "-m", "collective.launch", "-n", str(workers), *forked, "-m", module, *args]
 
 

@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from collective.runtime.preload import WORKER_MODULES
+
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
 LAUNCH_SERVER = pathlib.Path(__file__).resolve().parent / "launch_server.py"
-# The modules every test worker imports: the launcher imports them once and forks the workers (--preload).
-PRELOAD = "tensorflow,horovod.tensorflow,collective"
 
 
 def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict[str, str]], preload: bool = True):
@@ -30,7 +30,7 @@ def _launch_command(script: str, n: int, args: Sequence[str], env: Optional[Dict
     full_env = dict(os.environ)
     full_env["CUDA_VISIBLE_DEVICES"] = ""  # the tests run on CPU, any number of workers, GPUs or not
     full_env.update(env or {})
-    options = ["--preload", PRELOAD] if preload else []
+    options = ["--preload", WORKER_MODULES] if preload else []
     return [sys.executable, "-m", "collective.launch", "-n", str(n), *options, path, *map(str, args)], full_env
 
 
@@ -71,7 +71,7 @@ class _WarmLauncher:
             self._dir = tempfile.mkdtemp(prefix="collective-launch-server-")
             path = os.path.join(self._dir, "socket")
             env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-            self._proc = subprocess.Popen([sys.executable, str(LAUNCH_SERVER), path, PRELOAD], env=env,
+            self._proc = subprocess.Popen([sys.executable, str(LAUNCH_SERVER), path, WORKER_MODULES], env=env,
                                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
             line = self._proc.stdout.readline()
             if line.strip() != "ready":

@@ -28,12 +28,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from collective.runtime import logs
+from collective.runtime.preload import WORKER_MODULES
 from collective.demo import figures
 
 logger = logging.getLogger("collective.demo")
 BACKENDS = ("hb", "sok")
 RUNS = ("plain",) + BACKENDS
-PRELOAD = "tensorflow,horovod.tensorflow,collective"  # imported once by the launcher, which forks the workers
 
 
 def _train(workers: int, run: str, model_dir: str, flags: List[str]) -> Dict[str, object]:
@@ -45,7 +45,7 @@ def _train(workers: int, run: str, model_dir: str, flags: List[str]) -> Dict[str
     if run == "plain":  # the baseline needs no SavedModel: the backends' exports are what gets served
         cmd, where = [sys.executable, script, "--plain", "--export_dir", "none"], "in one process"
     else:
-        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "--preload", PRELOAD, script,
+        cmd = [sys.executable, "-m", "collective.launch", "-n", str(workers), "--preload", WORKER_MODULES, script,
                "--backend", run]
         where = f"on {workers} workers"
     cmd += ["--model_dir", model_dir, *flags]

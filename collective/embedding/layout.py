@@ -68,10 +68,6 @@ class ShardLayout:
         """``(first, step)``: this rank holds logical rows ``first, first + step, ...``."""
         return (self.rank, self.world_size) if self.sharded else (0, 1)
 
-    def held_in_block(self, lo: tf.Tensor, hi: tf.Tensor) -> tf.Tensor:
-        """Positions within the logical block ``[lo, hi)`` of the rows this rank holds (int64)."""
-        return positions_in_block(lo, hi, *self.stride())
-
 
 def positions_in_block(lo: tf.Tensor, hi: tf.Tensor, first, step) -> tf.Tensor:
     """Positions within the logical block ``[lo, hi)`` of rows ``first, first + step, ...`` (int64; the

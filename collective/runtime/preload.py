@@ -35,6 +35,8 @@ import traceback
 from typing import Callable, Dict, List, Optional, Sequence
 
 logger = logging.getLogger("collective.launch")
+# What every collective worker imports: the value of --preload for a job of ours (demo, benchmarks, tests).
+WORKER_MODULES = "tensorflow,horovod.tensorflow,collective"
 
 
 class PreloadError(RuntimeError):
