@@ -27,3 +27,9 @@ def movielens_small() -> pathlib.Path:
 
 def pytest_configure(config):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Every Horovod job the tests start (workers, the benchmark harness, the demo) inherits this. Horovod's
+    # background thread coordinates every cycle, busy or idle, over Gloo's TCP; at its default 1 ms each worker
+    # spends about a tenth of a core on it, taken from the jobs' training on a 2-core machine that runs more
+    # workers than cores. At 5 ms, test_estimator + test_api_sok + test_feature_column_hash used 10% less CPU
+    # (489 -> 437 s) and 6% less time.
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
