@@ -229,19 +229,8 @@ class HashTable:
         keys = tf.cast(tf.reshape(keys, [-1]), tf.int64)
         with tf.control_dependencies([keys] if self.growth is not None else []):  # after a growth ordered before
             num_slots = self._slot_count()
-        mask = num_slots - 1
         special = tf.equal(keys, EMPTY_KEY)
-
-        def body(i, pos, active, rows):
-            held = tf.gather(self.keys_var, pos)
-            hit = tf.logical_and(active, tf.equal(held, keys))
-            rows = tf.where(hit, tf.gather(self.rows_var, pos), rows)
-            active = tf.logical_and(tf.logical_and(active, tf.logical_not(hit)), tf.not_equal(held, EMPTY_KEY))
-            return i + 1, tf.bitwise.bitwise_and(pos + 1, mask), active, rows
-
-        _, _, _, rows = tf.while_loop(
-            lambda i, pos, active, rows: tf.logical_and(i < num_slots, tf.reduce_any(active)), body,
-            [_zero_like(num_slots), home_slots(keys, num_slots), tf.logical_not(special), -tf.ones_like(keys)])
+        rows = _probe_for_keys(self.keys_var.handle, self.rows_var.handle, keys, _as_int64(num_slots))
         with tf.control_dependencies([rows]):  # read after the inserts this find is ordered after
             special_row = tf.gather(self.rows_var, num_slots)
         return tf.where(special, tf.fill(tf.shape(keys), special_row), rows)
@@ -329,32 +318,12 @@ class HashTable:
         """Writes distinct absent keys into free slots, all keys probing in parallel."""
         with tf.control_dependencies([new_keys] if self.growth is not None else []):  # after a growth before
             num_slots = self._slot_count()
-        mask = num_slots - 1
         special = tf.equal(new_keys, EMPTY_KEY)
-        index = tf.range(tf.size(new_keys, out_type=tf.int64))
-
-        def body(i, pos, pending):
-            held = tf.gather(self.keys_var, pos)
-            wants = tf.logical_and(pending, tf.equal(held, EMPTY_KEY))
-            who = tf.boolean_mask(index, wants)
-            slots, slot_of = tf.unique(tf.boolean_mask(pos, wants), out_idx=tf.int64)
-            # The earliest key asking for a free slot gets it; the others probe on.
-            winners = tf.math.unsorted_segment_min(who, slot_of, tf.size(slots, out_type=tf.int64))
-            writes = [_scatter(self.keys_var, slots, tf.gather(new_keys, winners)),
-                      _scatter(self.rows_var, slots, tf.gather(new_rows, winners))]
-            won = tf.scatter_nd(winners[:, None], tf.ones_like(winners), tf.shape(index, out_type=tf.int64)) > 0
-            pending = tf.logical_and(pending, tf.logical_not(won))
-            with tf.control_dependencies(writes):
-                pos = tf.where(pending, tf.bitwise.bitwise_and(pos + 1, mask), pos)
-            return i + 1, pos, pending
-
-        _, pos, _ = tf.while_loop(
-            lambda i, pos, pending: tf.logical_and(i < num_slots, tf.reduce_any(pending)), body,
-            [_zero_like(num_slots), home_slots(new_keys, num_slots), tf.logical_not(special)])
-        with tf.control_dependencies([pos]):
+        placed = _probe_and_place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows,
+                                  _as_int64(num_slots))
+        with tf.control_dependencies([placed]):
             special_rows = tf.boolean_mask(new_rows, special)
-            extra = tf.cast(num_slots, tf.int64) if tf.is_tensor(num_slots) else tf.constant(num_slots, tf.int64)
-            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), extra), special_rows)
+            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), _as_int64(num_slots)), special_rows)
 
     def entries(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(keys, rows)`` held on this worker, ordered by row."""
@@ -414,6 +383,68 @@ def _control_flow_context():
     return control_flow_context(tf.compat.v1.get_default_graph())
 
 
-def _zero_like(bound):
-    """The probe loops' first counter, of ``bound``'s kind (a Python int, or a growing index's int64 tensor)."""
-    return tf.zeros([], bound.dtype) if tf.is_tensor(bound) else tf.constant(0)
+def _gather(var: tf.Tensor, pos: tf.Tensor) -> tf.Tensor:
+    """``var[pos]`` of an int64 probe array passed to a probe loop as a resource handle (of unknown shape)."""
+    held = tf.raw_ops.ResourceGather(resource=var, indices=pos, dtype=tf.int64)
+    held.set_shape(pos.shape)
+    return held
+
+
+def _as_int64(bound: Union[int, tf.Tensor]) -> tf.Tensor:
+    """A probe-slot count (a Python int, or a growing index's int64 tensor) as an int64 tensor."""
+    return tf.cast(bound, tf.int64) if tf.is_tensor(bound) else tf.constant(bound, tf.int64)
+
+
+# The probe loops are graph functions traced once per process, which every table's lookups call: a loop built
+# in place costs each table about a tenth of a second of graph construction (tracing its condition and body).
+_PROBE_ARGS = [tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64)]
+
+
+@tf.function(input_signature=_PROBE_ARGS + [tf.TensorSpec([], tf.int64)], autograph=False)
+def _probe_for_keys(keys_var, rows_var, keys, num_slots):
+    """Row of each key in the index's probe arrays (``keys_var``, ``rows_var``: resource handles), -1 when
+    absent; ``EMPTY_KEY`` is left to the caller (it lives in the extra last slot)."""
+    mask = num_slots - 1
+
+    def body(i, pos, active, rows):
+        held = _gather(keys_var, pos)
+        hit = tf.logical_and(active, tf.equal(held, keys))
+        rows = tf.where(hit, _gather(rows_var, pos), rows)
+        active = tf.logical_and(tf.logical_and(active, tf.logical_not(hit)), tf.not_equal(held, EMPTY_KEY))
+        return i + 1, tf.bitwise.bitwise_and(pos + 1, mask), active, rows
+
+    _, _, _, rows = tf.while_loop(
+        lambda i, pos, active, rows: tf.logical_and(i < num_slots, tf.reduce_any(active)), body,
+        [tf.constant(0, tf.int64), home_slots(keys, num_slots), tf.not_equal(keys, EMPTY_KEY), -tf.ones_like(keys)])
+    return rows
+
+
+@tf.function(input_signature=_PROBE_ARGS + [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)],
+             autograph=False)
+def _probe_and_place(keys_var, rows_var, new_keys, new_rows, num_slots):
+    """Writes distinct absent ``new_keys`` (``EMPTY_KEY`` aside) and their ``new_rows`` into free probe slots,
+    all keys probing in parallel; returns each key's final probe position."""
+    mask = num_slots - 1
+    index = tf.range(tf.size(new_keys, out_type=tf.int64))
+
+    def body(i, pos, pending):
+        held = _gather(keys_var, pos)
+        wants = tf.logical_and(pending, tf.equal(held, EMPTY_KEY))
+        who = tf.boolean_mask(index, wants)
+        slots, slot_of = tf.unique(tf.boolean_mask(pos, wants), out_idx=tf.int64)
+        # The earliest key asking for a free slot gets it; the others probe on.
+        winners = tf.math.unsorted_segment_min(who, slot_of, tf.size(slots, out_type=tf.int64))
+        writes = [tf.raw_ops.ResourceScatterUpdate(resource=keys_var, indices=slots,
+                                                   updates=tf.gather(new_keys, winners)),
+                  tf.raw_ops.ResourceScatterUpdate(resource=rows_var, indices=slots,
+                                                   updates=tf.gather(new_rows, winners))]
+        won = tf.scatter_nd(winners[:, None], tf.ones_like(winners), tf.shape(index, out_type=tf.int64)) > 0
+        pending = tf.logical_and(pending, tf.logical_not(won))
+        with tf.control_dependencies(writes):
+            pos = tf.where(pending, tf.bitwise.bitwise_and(pos + 1, mask), pos)
+        return i + 1, pos, pending
+
+    _, pos, _ = tf.while_loop(
+        lambda i, pos, pending: tf.logical_and(i < num_slots, tf.reduce_any(pending)), body,
+        [tf.constant(0, tf.int64), home_slots(new_keys, num_slots), tf.not_equal(new_keys, EMPTY_KEY)])
+    return pos
