@@ -15,6 +15,7 @@ import tensorflow as tf
 from collective import CollectiveStrategy
 from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
 
+from graphs import while_loops
 from launcher import run_workers
 from workers import checkpoint_cases as cc
 
@@ -110,10 +111,8 @@ def test_restore_ops_share_one_loop_whatever_the_number_of_tables(tmp_path):
             tables = [tf.compat.v1.get_variable(f"table{t}", v.shape, initializer=tf.compat.v1.constant_initializer(v))
                       for t, v in enumerate(values)]
         saver = Saver()
-        loops = [node for f in graph.as_graph_def().library.function for node in f.node_def
-                 if node.op in ("While", "StatelessWhile")]
-        loops += [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-        assert len(loops) == 1, [node.name for node in loops]
+        loops = while_loops(graph)
+        assert len(loops) == 1, loops
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             path = saver.save(sess, str(tmp_path / "model.ckpt"))
