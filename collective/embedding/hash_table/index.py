@@ -318,12 +318,11 @@ class HashTable:
         """Writes distinct absent keys into free slots, all keys probing in parallel."""
         with tf.control_dependencies([new_keys] if self.growth is not None else []):  # after a growth before
             num_slots = self._slot_count()
-        special = tf.equal(new_keys, EMPTY_KEY)
-        placed = _probe_and_place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows,
-                                  _as_int64(num_slots))
+        num_slots = _as_int64(num_slots)
+        placed = _probe_and_place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows, num_slots)
         with tf.control_dependencies([placed]):
-            special_rows = tf.boolean_mask(new_rows, special)
-            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), _as_int64(num_slots)), special_rows)
+            special_rows = tf.boolean_mask(new_rows, tf.equal(new_keys, EMPTY_KEY))
+            return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), num_slots), special_rows)
 
     def entries(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(keys, rows)`` held on this worker, ordered by row."""
@@ -395,8 +394,8 @@ def _as_int64(bound: Union[int, tf.Tensor]) -> tf.Tensor:
     return tf.cast(bound, tf.int64) if tf.is_tensor(bound) else tf.constant(bound, tf.int64)
 
 
-# The probe loops are graph functions traced once per process, which every table's lookups call: a loop built
-# in place costs each table about a tenth of a second of graph construction (tracing its condition and body).
+# The probe loops are functions that every table's lookups call, traced once per graph: a loop built in place
+# costs each table about a tenth of a second of graph construction (tracing its condition and body).
 _PROBE_ARGS = [tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64)]
 
 
