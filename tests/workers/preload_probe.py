@@ -18,9 +18,9 @@ import time
 import numpy as np
 
 rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
-failing = sys.argv[1:] == ["fail"] and rank == size - 1
+fail = sys.argv[1:] == ["fail"]
 ended = pathlib.Path(tempfile.gettempdir()) / f"preload-probe-{os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
-if sys.argv[1:] == ["fail"] and not failing:
+if fail and rank < size - 1:
     ended.mkdir(exist_ok=True)
     atexit.register(lambda: (ended / str(rank)).touch())  # registered first: runs last
 logging.basicConfig(level=logging.INFO, format="probe-log %(levelname)s %(message)s")
@@ -29,7 +29,7 @@ atexit.register(lambda: print(f"atexit handler of rank {rank} ran", flush=True))
 print(json.dumps({"rank": rank, "name": __name__, "argv": sys.argv, "path0": sys.path[0], "stdin": sys.stdin.read(),
                   "stdout_buffered": not sys.stdout.write_through, "draw": float(np.random.rand()),
                   "threads": os.environ["OMP_NUM_THREADS"], "log_level": logging.getLogger().level}))
-if failing:
+if fail and rank == size - 1:
     deadline = time.monotonic() + 60
     while (not ended.is_dir() or len(list(ended.iterdir())) < size - 1) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -46,9 +46,9 @@ def home_slots(keys: tf.Tensor, num_slots: Union[int, tf.Tensor]) -> tf.Tensor:
     return tf.cast(tf.bitwise.bitwise_and(k, mask), tf.int64)
 
 
-def _scatter(var: tf.Variable, indices: tf.Tensor, updates: tf.Tensor) -> tf.Operation:
-    """``var[indices] = updates`` without reading the variable back."""
-    return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=updates)
+def _scatter(var: Union[tf.Variable, tf.Tensor], indices: tf.Tensor, updates: tf.Tensor) -> tf.Operation:
+    """``var[indices] = updates`` without reading the variable back (``var``: a variable or its resource handle)."""
+    return tf.raw_ops.ResourceScatterUpdate(resource=getattr(var, "handle", var), indices=indices, updates=updates)
 
 
 class HashTable:
@@ -433,10 +433,8 @@ def _probe_and_place(keys_var, rows_var, new_keys, new_rows, num_slots):
         slots, slot_of = tf.unique(tf.boolean_mask(pos, wants), out_idx=tf.int64)
         # The earliest key asking for a free slot gets it; the others probe on.
         winners = tf.math.unsorted_segment_min(who, slot_of, tf.size(slots, out_type=tf.int64))
-        writes = [tf.raw_ops.ResourceScatterUpdate(resource=keys_var, indices=slots,
-                                                   updates=tf.gather(new_keys, winners)),
-                  tf.raw_ops.ResourceScatterUpdate(resource=rows_var, indices=slots,
-                                                   updates=tf.gather(new_rows, winners))]
+        writes = [_scatter(keys_var, slots, tf.gather(new_keys, winners)),
+                  _scatter(rows_var, slots, tf.gather(new_rows, winners))]
         won = tf.scatter_nd(winners[:, None], tf.ones_like(winners), tf.shape(index, out_type=tf.int64)) > 0
         pending = tf.logical_and(pending, tf.logical_not(won))
         with tf.control_dependencies(writes):
