@@ -5,7 +5,8 @@ import pathlib
 
 import pytest
 
-from launcher import run_workers  # noqa: F401  (re-exported for tests)
+from launcher import run_workers, warm_server_pid  # noqa: F401  (run_workers re-exported for tests)
+from timing import SuiteClock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -26,6 +27,7 @@ def movielens_small() -> pathlib.Path:
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(SuiteClock(warm_server_pid), "collective-suite-clock")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Every Horovod job the tests start (workers, the benchmark harness, the demo) inherits this. Horovod's
     # background thread coordinates every cycle, busy or idle, over Gloo's TCP; at its default 1 ms each worker

@@ -111,6 +111,12 @@ class _WarmLauncher:
 _WARM = _WarmLauncher()
 
 
+def warm_server_pid() -> Optional[int]:
+    """The pid of the session's launch server while it runs, else None."""
+    proc = _WARM._proc  # pylint: disable=protected-access
+    return proc.pid if proc is not None and proc.poll() is None else None
+
+
 def launch_once(fn: Callable) -> Callable:
     """Caches ``fn``'s result per arguments, failures included: a failed launch is not rerun by every test."""
     outcomes: Dict[tuple, tuple] = {}
