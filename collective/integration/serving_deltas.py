@@ -127,7 +127,7 @@ def _read_rows(prefix: tf.Tensor, name: str, var) -> Tuple[tf.Tensor, tf.Tensor]
 
 def _apply_fixed(prefix: tf.Tensor, name: str, var) -> tf.Operation:
     keys, rows = _read_rows(prefix, name, var)
-    return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=keys, updates=rows)
+    return tf.compat.v1.scatter_update(var, keys, rows).op
 
 
 def _apply_hash(prefix: tf.Tensor, name: str, var, index) -> tf.Operation:
@@ -137,14 +137,12 @@ def _apply_hash(prefix: tf.Tensor, name: str, var, index) -> tf.Operation:
         keys, rows = _read_rows(prefix, name, var)
         found = index.lookup(keys)
     known = found >= 0
-    update = tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=tf.boolean_mask(found, known),
-                                              updates=tf.boolean_mask(rows, known))
-    with tf.control_dependencies([update]):
-        held = tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype.base_dtype)
+    update = tf.compat.v1.scatter_update(var, tf.boolean_mask(found, known), tf.boolean_mask(rows, known))
+    with tf.control_dependencies([update.op]):
+        held = var.read_value()
         new_keys = tf.boolean_mask(keys, ~known)
         new_rows = tf.shape(held, out_type=tf.int64)[0] + tf.range(tf.size(new_keys, out_type=tf.int64))
-        grown = tf.raw_ops.AssignVariableOp(resource=var.handle, value=tf.concat([held, tf.boolean_mask(rows, ~known)],
-                                                                                  0))
+        grown = _assign(var, tf.concat([held, tf.boolean_mask(rows, ~known)], 0))
         inserted = index.insert(new_keys, new_rows)
     return tf.group(grown, inserted)
 
@@ -152,7 +150,13 @@ def _apply_hash(prefix: tf.Tensor, name: str, var, index) -> tf.Operation:
 def _apply_dense(prefix: tf.Tensor, name: str, var) -> tf.Operation:
     value = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[""],
                                  dtypes=[var.dtype.base_dtype])[0]
-    return tf.raw_ops.AssignVariableOp(resource=var.handle, value=value)
+    return _assign(var, value)
+
+
+def _assign(var, value: tf.Tensor) -> tf.Operation:
+    """``var = value`` whatever the variable's kind (a resource variable, or a ``RefVariable`` under TF1 behaviour)
+    and whatever ``value``'s shape (a hash table grows)."""
+    return tf.compat.v1.assign(var, value, validate_shape=False).op
 
 
 def write_delta(prefix: str, tensors: Mapping[str, np.ndarray]) -> None:
