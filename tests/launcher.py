@@ -22,6 +22,7 @@ import numpy as np
 from collective.runtime.preload import WORKER_MODULES
 
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
+RECIPES = pathlib.Path(__file__).resolve().parent / "recipes"  # the reference docs' programs (tests/recipes/README.md)
 LAUNCH_SERVER = pathlib.Path(__file__).resolve().parent / "launch_server.py"
 
 

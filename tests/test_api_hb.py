@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher import load_rank_results, run_workers
+from launcher import RECIPES, load_rank_results, run_workers
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "workers"))
 from workers import api_hb_cases as hbc  # noqa: E402
@@ -137,7 +137,7 @@ def test_monitored_training_session_recipe_trains_like_one_process(tmp_path, n, 
     files = _write_parquet(tmp_path, *layout)
     out = tmp_path / "out"
     out.mkdir()
-    run_workers("api_hb_recipe_mts.py", n, [out, *files], timeout=900)
+    run_workers(str(RECIPES / "hb_mts.py"), n, [out, *files], timeout=900)
     res = load_rank_results(out, n)
     steps = len(res[0]["losses"])
     assert steps == 48 // (4 * n) and all(len(res[r]["losses"]) == steps for r in range(n))
@@ -200,7 +200,7 @@ def test_estimator_recipe_trains_evaluates_and_exports_like_one_process(tmp_path
     files = _write_parquet(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    run_workers("api_hb_recipe_estimator.py", n, [out, *files], timeout=900)
+    run_workers(str(RECIPES / "hb_estimator.py"), n, [out, *files], timeout=900)
     res = load_rank_results(out, n)
     steps = int(res[0]["steps"])
     assert steps == 48 // (4 * n) and all(int(res[r]["steps"]) == steps for r in range(n))

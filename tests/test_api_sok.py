@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher import load_rank_results, run_workers
+from launcher import RECIPES, load_rank_results, run_workers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "workers"))
 from workers import api_sok_cases as cases  # noqa: E402
 
 # (script, workers, optimizer, dtype): every worker count, every embedding optimizer, both recipes.
-TF2_RUNS = [("api_sok_tf2.py", 1, "sok_adam", "float64"), ("api_sok_tf2.py", 2, "keras_adam", "float64"),
-            ("api_sok_tf2.py", 3, "lazy_adam", "float64"), ("api_sok_tf2.py", 2, "keras_adam", "float32")]
-RUNS = TF2_RUNS + [("api_sok_tf1.py", 3, "legacy_adam", "float64")]
+TF2_RUNS = [("sok_tf2.py", 1, "sok_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float64"),
+            ("sok_tf2.py", 3, "lazy_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float32")]
+RUNS = TF2_RUNS + [("sok_tf1.py", 3, "legacy_adam", "float64")]
 
 
 def _run_id(run) -> str:
@@ -43,8 +43,8 @@ def recipe_runs(tmp_path_factory):
         if run not in done:
             script, n, which, dtype = run
             out = tmp_path_factory.mktemp(_run_id(run))
-            args = [out, which, dtype] if script == "api_sok_tf2.py" else [out, dtype]
-            run_workers(script, n, args, timeout=900)
+            args = [out, which, dtype] if script == "sok_tf2.py" else [out, dtype]
+            run_workers(str(RECIPES / script), n, args, timeout=900)
             done[run] = out
         return done[run]
 

@@ -10,10 +10,7 @@ plain TensorFlow training on the global batch and plain single-process
 evaluation of all workers' data.
 """
 
-import glob
 import json
-import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -27,7 +24,6 @@ RUNS = [("sok", 2), ("hb", 3), ("hb", 1), ("replicated", 2)]
 # Each of these launches resumes the incremental checkpoint chain of the launch named: 2 -> 3 -> 1 -> 2 workers.
 PREVIOUS = {("hb", 3): ("sok", 2), ("hb", 1): ("hb", 3), ("replicated", 2): ("hb", 1)}
 METRICS = ("loss", "auc", "accuracy", "mse")
-RATINGS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
 @pytest.fixture(scope="module")
@@ -176,20 +172,6 @@ def test_throughput_hook_counts_samples_and_bytes(run):
     assert lines and all(line.startswith("[0] ") for line in lines)
 
 
-@pytest.fixture(scope="module", params=["hb", "sok"])
-def reference_example(request, tmp_path_factory):
-    """The reference Estimator example on 2 workers: train 5 steps, evaluate, export."""
-    if not RATINGS.exists():
-        pytest.skip(f"MovieLens ratings not found at {RATINGS}")
-    out = tmp_path_factory.mktemp(f"reference-{request.param}")
-    run_workers("reference_estimator.py", 2, [out, RATINGS, REFERENCE_STEPS],
-                env={"COLLECTIVE_STRATEGY": request.param}, timeout=600)
-    return out
-
-
-REFERENCE_STEPS = 5
-
-
 def assert_state(results, prefix, n, expected, what):
     """Table, w, b and their Adagrad slots of every worker equal ``expected`` (cases.reference_state)."""
     for name, value in expected.items():
@@ -259,27 +241,6 @@ def test_estimator_incremental_arguments_and_export_of_a_delta_are_refused(tmp_p
     with pytest.raises(ValueError, match=r"exports full checkpoints; .*model.ckpt-3.delta is an incremental"):
         est.export_saved_model(str(tmp_path / "export"), lambda: None,
                                checkpoint_path=str(tmp_path / "model.ckpt-3.delta"))
-
-
-def test_reference_estimator_example_trains_evaluates_and_exports(reference_example):
-    model_dir = reference_example / "model"
-    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{REFERENCE_STEPS}")
-    # Rank 0 alone writes event files: one for training, one for evaluation.
-    assert len(glob.glob(str(model_dir / "events.out.tfevents.*"))) == 1
-    assert len(glob.glob(str(model_dir / "eval" / "events.out.tfevents.*"))) == 1
-    assert len(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))) == 1
-
-
-def test_reference_estimator_example_export_serves(reference_example):
-    export_dir = os.path.dirname(glob.glob(str(reference_example / "export" / "*" / "saved_model.pb"))[0])
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        signature = tf.compat.v1.saved_model.load(sess, ["serve"], export_dir).signature_def["serving_default"]
-        feed = {signature.inputs["movie_id"].name: [1, 3, 6, 47, 10**9],  # the last ids never occur in the data
-                signature.inputs["user_id"].name: [1, 1, 2, 3, 10**9],
-                signature.inputs["user_rating"].name: np.zeros(5, np.float32)}
-        logits = sess.run(signature.outputs["logits"].name, feed)
-    assert logits.shape == (5, 32) and np.isfinite(logits).all()
-    np.testing.assert_array_equal(logits[4], 0.0)  # unseen keys embed as zeros in inference
 
 
 def test_predict_on_one_worker_says_every_worker_must_call_it(tmp_path):

@@ -9,18 +9,6 @@ import pytest
 from launcher import run_workers
 
 
-@pytest.mark.parametrize("backend", ["hb", "sok"])
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_reference_monitored_training_session_example(n, backend):
-    proc = run_workers("reference_mts.py", n, env={"COLLECTIVE_STRATEGY": backend})
-    for r in range(n):
-        lines = [l[len(f"[{r}] "):] for l in proc.stdout.splitlines() if l.startswith(f"[{r}] ")]
-        text = " ".join(lines)
-        numbers = [float(x) for x in re.findall(r"[-+]?\d+\.\d*", text)]
-        assert numbers[:18] == [1.0] * 18, text  # six rows of var_1, all ones
-        assert numbers[18] == 36.0, text         # sum(2 * emb)
-
-
 # Every entry point, backend and N refuses bad ids in tests/test_matrix.py; these two launches check that bad
 # ids on one worker only stop the whole job quickly.
 @pytest.mark.parametrize("backend, mode, bad", [("hb", "negative", "-3"), ("sok", "too_large", "10")])

@@ -185,11 +185,22 @@ def _table_info(ctx: "Context", name: str, static: tf.TensorShape, dtype: tf.DTy
     Whole on every worker (the ``replicated`` layout) under the ``replicated``
     backend and below ``replicate_below_bytes``; sharded by rows otherwise.
     """
-    if modes.is_exporting() or static.rank != 2 or not static.is_fully_defined() or static[0] < ctx.world_size:
+    if modes.is_exporting() or not _is_table(ctx, static):
         return None
     replicated = ctx.backend == "replicated" or static.num_elements() * dtype.size < replicate_below_bytes
     return ShardInfo(name=name, vocab=int(static[0]), dim=int(static[1]), rank=ctx.rank, world_size=ctx.world_size,
                      replicated=replicated)
+
+
+def _is_table(ctx: "Context", static: tf.TensorShape) -> bool:
+    """Whether a variable of shape ``static`` made in ``embedding_scope()`` is a table (sharded or replicated)."""
+    return static.rank == 2 and static.is_fully_defined() and static[0] >= ctx.world_size
+
+
+def _whole_in_export(static: tf.TensorShape, partitioner, ctx: "Context"):
+    """The partitioner an export gives a variable: none for a table, which training held as one logical table
+    (rows by id, whatever the partitioner) and its checkpoint saved whole; the user's for other variables."""
+    return None if modes.is_exporting() and _is_table(ctx, static) else partitioner
 
 
 def sharding_creator(ctx: "Context", replicate_below_bytes: int):
@@ -252,8 +263,8 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
         info = _table_info(ctx, name, static, dtype, replicate_below_bytes)
         if info is None:
-            return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
-                          **kwargs)
+            return getter(name, shape=shape, dtype=dtype, initializer=initializer,
+                          partitioner=_whole_in_export(static, partitioner, ctx), **kwargs)
         logical_init = initializer if initializer is not None else tf.compat.v1.glorot_uniform_initializer()
 
         def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
@@ -271,7 +282,8 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         value = tf.convert_to_tensor(initializer, dtype=dtype)
         info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
         if info is None:
-            return getter(name, shape=None, dtype=dtype, initializer=initializer, partitioner=partitioner, **kwargs)
+            return getter(name, shape=None, dtype=dtype, initializer=initializer,
+                          partitioner=_whole_in_export(value.shape, partitioner, ctx), **kwargs)
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):

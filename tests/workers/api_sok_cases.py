@@ -1,7 +1,7 @@
 """Data, dense weights and the single-process reference for the SOK recipe tests.
 
-The recipes (reference/sok-get-started.md) run in api_sok_tf2.py (Horovod,
-TF2) and api_sok_tf1.py (TensorFlow 1.15 graph); the reference here trains the
+The recipes (reference/sok-get-started.md) run in tests/recipes/sok_tf2.py (Horovod,
+TF2) and tests/recipes/sok_tf1.py (TensorFlow 1.15 graph); the reference here trains the
 same DemoModel in one process on every global batch, with
 ``tf.nn.embedding_lookup`` on a whole table that holds one row per key.
 

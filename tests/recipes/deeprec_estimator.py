@@ -3,8 +3,8 @@
 argv: work_dir ratings_csv [max_steps]
 
 Changes, each marked below: the imports (collective's CollectiveStrategy and
-categorical_column_with_embedding; `tensorflow.compat.v1` because the
-example is TF1 code), the input (MovieLens ratings from a local CSV with
+categorical_column_with_embedding; `tensorflow.compat.v1` with TF1 behaviour
+because the example is TF 1.x code, as DeepRec runs it), the input (MovieLens ratings from a local CSV with
 pandas, each worker reading its share, with a label), and the example's slips
 (`self._args.lr`, `strategy.world_size` without the call, a model_fn that
 returns nothing outside TRAIN, "./" as model and export directory).
@@ -13,6 +13,7 @@ import sys  # changed: directories and the data file come from argv
 
 import pandas as pd  # changed: the input is a local CSV instead of tensorflow_datasets
 import tensorflow.compat.v1 as tf  # changed: TF1 names (tf.placeholder, tf.to_float, tf.train.*)
+tf.disable_v2_behavior()  # changed: TF 1.x behaviour (ref variables), as DeepRec runs the example
 import collective.hash_embedding_column  # changed: DeepRec's categorical_column_with_embedding
 from collective import CollectiveStrategy  # changed: collective's CollectiveStrategy
 

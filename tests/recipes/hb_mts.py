@@ -4,9 +4,9 @@ argv: out_dir parquet_file...
 
 Changes, each marked "CHANGED":
 - imports: ``collective.hb`` for ``hybridbackend.tensorflow``; ``tensorflow.compat.v1``
-  with eager execution disabled (TF1 code: tf.losses, tf.train.*).
+  with TF1 behaviour (TF 1.x code: tf.losses, tf.train.*).
 - data: the Parquet files from argv (columns a: float, c: int64 id, label), batch_size 4.
-- the recipe's ``# ...`` model (api_hb_recipe_model.py): ``c`` looked up in a 20 x 4 table made in
+- the recipe's ``# ...`` model (hb_model.py): ``c`` looked up in a 20 x 4 table made in
   ``hb.embedding_scope()``, concatenated with ``a``, a linear layer, sigmoid cross
   entropy; fixed initial values. The eval dataset/metrics (``...`` in the recipe)
   are left out.
@@ -24,16 +24,16 @@ import sys
 import numpy as np
 import tensorflow.compat.v1 as tf  # CHANGED: TF1 API
 
-tf.disable_eager_execution()  # CHANGED
+tf.disable_v2_behavior()  # CHANGED: TF 1.x behaviour (graphs, ref variables)
 
 import collective.hb as hb  # CHANGED: import
-from api_hb_recipe_model import logits_and_variables  # CHANGED: the model of the recipe's "# ..."
+from hb_model import logits_and_variables  # CHANGED: the model of the recipe's "# ..."
 
 out_dir, files = sys.argv[1], sys.argv[2:]
 lr = 0.5
 
 
-def my_model(features, training=True):  # CHANGED: the recipe's "# ..." (api_hb_recipe_model)
+def my_model(features, training=True):  # CHANGED: the recipe's "# ..." (hb_model)
   logits, table, w = logits_and_variables(features)
   if not training:
     return {"logits": logits}

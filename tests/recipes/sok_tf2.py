@@ -28,7 +28,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import api_sok_cases as cases
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers"))  # CHANGED: the test's cases
+import api_sok_cases as cases  # noqa: E402
 import collective.sok as sok  # CHANGED: import
 from collective.embedding import hash_table
 
@@ -39,7 +40,7 @@ import horovod.tensorflow as hvd
 hvd.init()
 
 
-from api_sok_demo import DemoModel  # the recipe's model, as written
+from sok_demo_model import DemoModel  # the recipe's model, as written
 
 
 global_batch_size = cases.GLOBAL_BATCH  # CHANGED: 65536

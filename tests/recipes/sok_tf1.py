@@ -4,10 +4,10 @@ argv: out_dir float64|float32
 
 Changes, each marked "CHANGED":
 - imports: ``collective.sok`` for ``sparse_operation_kit``; ``tensorflow.compat.v1``
-  with eager execution disabled (the recipe is TF 1.15 code); the launcher sets
+  with TF1 behaviour (the recipe is TF 1.15 code); the launcher sets
   CUDA_VISIBLE_DEVICES, so the recipe's line setting it is dropped.
-- dtype, model and data as in api_sok_tf2.py (``set_floatx`` from argv, DemoModel
-  from api_sok_demo as written, 2 dense layers, global batch 12, fixed initial
+- dtype, model and data as in sok_tf2.py (``set_floatx`` from argv, DemoModel
+  from sok_demo_model as written, 2 dense layers, global batch 12, fixed initial
   dense weights);
   ``inputs, labels`` are placeholders fed each step's share, and the loop runs
   ``cases.STEPS`` iterations.
@@ -16,7 +16,7 @@ Changes, each marked "CHANGED":
   do not build TF1 graphs.
 - evident slips: ``logit`` -> ``logits``; ``train_step(inputs, labels)`` gets its
   ``training`` argument; ``hvd.reduce`` (no such function) -> ``hvd.allreduce(op=hvd.Sum)``;
-  dense gradients summed (``op=hvd.Sum``), as in api_sok_tf2.py.
+  dense gradients summed (``op=hvd.Sum``), as in sok_tf2.py.
 """
 import os
 import sys
@@ -24,11 +24,12 @@ import sys
 import numpy as np
 import tensorflow.compat.v1 as tf  # CHANGED: TF1 API
 
-tf.disable_eager_execution()  # CHANGED: TF1 graph
+tf.disable_v2_behavior()  # CHANGED: TF 1.15 behaviour (graphs, ref variables)
 
-import api_sok_cases as cases
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers"))  # CHANGED: the test's cases
+import api_sok_cases as cases  # noqa: E402
 import collective.sok as sok  # CHANGED: import
-from api_sok_demo import DemoModel
+from sok_demo_model import DemoModel
 from collective.embedding import hash_table
 
 out_dir, dtype = sys.argv[1], sys.argv[2]

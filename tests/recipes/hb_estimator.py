@@ -4,10 +4,10 @@ argv: out_dir parquet_file...
 
 Changes, each marked "CHANGED":
 - imports: ``collective.hb`` for ``hybridbackend.tensorflow``; ``tensorflow.compat.v1``
-  with eager execution disabled (TF1 code: tf.train.*, tf.placeholder).
+  with TF1 behaviour (TF 1.x code: tf.train.*, tf.placeholder).
 - data: ``train_input_fn`` / ``eval_input_fn`` read the Parquet files from argv with
   ``hb.data.ParquetDataset`` (columns a: float, c: int64 id, label), batch_size 4.
-- the recipe's ``# ...``: the model of api_hb_recipe_model.py (an id looked up in a
+- the recipe's ``# ...``: the model of hb_model.py (an id looked up in a
   table made in ``hb.embedding_scope()``, concatenated with a float, a linear
   layer), sigmoid cross entropy; EVAL returns the loss and an AUC, PREDICT the
   logits; ``lr`` is 0.5.
@@ -25,10 +25,10 @@ import sys
 import numpy as np
 import tensorflow.compat.v1 as tf  # CHANGED: TF1 API
 
-tf.disable_eager_execution()  # CHANGED
+tf.disable_v2_behavior()  # CHANGED: TF 1.x behaviour (graphs, ref variables)
 
 import collective.hb as hb  # CHANGED: import
-from api_hb_recipe_model import logits_and_variables  # CHANGED: the model of the recipe's "# ..."
+from hb_model import logits_and_variables  # CHANGED: the model of the recipe's "# ..."
 
 out_dir, files = sys.argv[1], sys.argv[2:]
 lr = 0.5
@@ -44,7 +44,7 @@ def _input_fn():  # CHANGED: the recipe's train_input_fn / eval_input_fn
 train_input_fn = eval_input_fn = _input_fn
 
 
-def _logits(features):  # CHANGED: the recipe's "# ..." (api_hb_recipe_model)
+def _logits(features):  # CHANGED: the recipe's "# ..." (hb_model)
   logits, _, _ = logits_and_variables(features)
   tf.add_to_collection("recipe_batch", (features["a"], features["c"]))
   return logits
