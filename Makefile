@@ -19,7 +19,7 @@ demo: setup
 	@$(PYTHON) -m collective.demo --workers $(WORKERS)
 
 test: setup
-	@$(PYTHON) scripts/timed.py "make test" $(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	@$(PYTHON) tests/timed.py "make test" $(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
 	@$(PYTHON) -m benchmarks.run --config quick --no_report

@@ -1,9 +1,11 @@
-"""Where the suite's time goes: wall and CPU-seconds per test file, children and the warm launch server included.
+"""Where the suite's time goes: wall and CPU-seconds per test file, workers included.
 
-CPU here is what the test process and every process it waited for used (``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``),
-plus the warm launch server's own and reaped children's time while it runs (its launchers and their workers are
-its children, not the test process's, until it exits). Tests run one at a time, so each test's difference is its
-own. The table is printed at the end of the run and kept in ``.pytest_cache/collective-times.json``.
+Under ``make test`` (tests/timed.py) the suite runs in a cgroup of its own and CPU is the cgroup's: every
+process the tests start, orphans included. Elsewhere it is what the test process and every process it waited
+for used (``RUSAGE_SELF`` + ``RUSAGE_CHILDREN``), plus the warm launch server's own and reaped children's time
+while it runs: a lower bound, since workers that end up reparented are missed. Tests run one at a time, so
+each test's difference is its own. The table is printed at the end of the run and kept in
+``.pytest_cache/collective-times.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections import defaultdict
 from typing import Callable, Dict, Optional
 
 import pytest
+
+import cgroup_clock
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -48,6 +52,10 @@ class SuiteClock:
         self.tests: Dict[str, int] = defaultdict(int)
 
     def _cpu(self) -> float:
+        folder = os.environ.get(cgroup_clock.ENV)
+        counted = cgroup_clock.seconds(folder) if folder else None
+        if counted is not None:
+            return counted
         total = own_seconds()
         pid = self._server_pid()
         if pid is not None:
@@ -73,7 +81,9 @@ class SuiteClock:
         path.write_text(json.dumps({f: {"tests": self.tests[f], "wall_s": round(self.wall[f], 1),
                                         "cpu_s": round(self.cpu[f], 1)} for f in rows}, indent=1))
         write = terminalreporter.write_line
-        terminalreporter.section("time per file (CPU-seconds include the workers)")
+        how = "every process, from the run's cgroup" if os.environ.get(cgroup_clock.ENV) else \
+            "the processes waited for: a lower bound"
+        terminalreporter.section(f"time per file (CPU-seconds of {how})")
         shown = rows if len(rows) <= 25 else rows[:20]
         for name in shown:
             write(f"{self.cpu[name]:8.1f} CPU-s {self.wall[name]:8.1f} s wall {self.tests[name]:5d} tests  {name}")

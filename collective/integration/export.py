@@ -129,6 +129,9 @@ def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, asset
                                                   dict(tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)))
         with tf.compat.v1.Session() as sess:
             _restore_for_export(sess, checkpoint_path)
+            # The (name, lookup table) pairs are not protos: the MetaGraph could not hold them (TF warned at every
+            # export), and the served graph needs them no more.
+            tf.compat.v1.get_default_graph().clear_collection(modes.EXPORT_HASH_INDEXES)
             builder = tf.compat.v1.saved_model.Builder(temp_dir)
             builder.add_meta_graph_and_variables(
                 sess, [tf.saved_model.SERVING], signature_def_map=dict(signatures),
