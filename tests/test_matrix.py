@@ -8,6 +8,12 @@ batch, started from the same logical tables: forward values and averaged
 gradients of step 0, then tables, optimizer slots, dense weights and losses
 after three steps. The inputs hold repeated ids, empty rows and negative ids
 (dropped by the safe lookups), and hash keys of any int64 value.
+
+TF1 behaviour is an axis of the matrix: a second launch per worker count runs
+the same model with ``disable_v2_behavior()`` (ref variables, v1 control flow)
+on every backend and entry point, trained with ``cases.TF1_OPTIMIZERS``, and is
+held to the same plain process (the same values whichever behaviour computes
+them).
 """
 
 import functools
@@ -23,24 +29,30 @@ from workers import matrix_cases as cases
 
 BACKENDS = ("hb", "sok", "replicated", "hb-api")
 WORKERS = (1, 2, 3)
+BEHAVIOURS = ("tf2", "tf1")
+OPTIMIZERS = {"tf2": cases.OPTIMIZERS, "tf1": cases.TF1_OPTIMIZERS}
 RTOL, ATOL = 1e-4, 1e-5
 pytestmark = pytest.mark.timeout(1200)
 
 
-def _launch_one(n: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
-    with tempfile.TemporaryDirectory(prefix=f"matrix-{n}-") as out:
-        run_workers("matrix_worker.py", n, [out, ",".join(BACKENDS)], timeout=900)
+def _launch_one(n: int, behaviour: str) -> Dict[str, List[Dict[str, np.ndarray]]]:
+    with tempfile.TemporaryDirectory(prefix=f"matrix-{n}-{behaviour}-") as out:
+        args = [out, ",".join(BACKENDS)] + (["tf1"] if behaviour == "tf1" else [])
+        run_workers("matrix_worker.py", n, args, timeout=1200)
         return {b: load_rank_results(pathlib.Path(out) / b, n) for b in BACKENDS}
 
 
+LAUNCHES = [(n, behaviour) for behaviour in BEHAVIOURS for n in WORKERS]
+
+
 @launch_once
-def _every_launch() -> Dict[int, Tuple[bool, Any]]:
-    """Each worker count's outcome; the launches run at once (run_together)."""
-    return dict(zip(WORKERS, run_together([functools.partial(_launch_one, n) for n in WORKERS])))
+def _every_launch() -> Dict[Tuple[int, str], Tuple[bool, Any]]:
+    """Each (worker count, behaviour)'s outcome; the launches run at once (run_together)."""
+    return dict(zip(LAUNCHES, run_together([functools.partial(_launch_one, *launch) for launch in LAUNCHES])))
 
 
-def _launch(n: int) -> Dict[str, List[Dict[str, np.ndarray]]]:
-    ok, value = _every_launch()[n]
+def _launch(n: int, behaviour: str = "tf2") -> Dict[str, List[Dict[str, np.ndarray]]]:
+    ok, value = _every_launch()[(n, behaviour)]
     if not ok:
         raise value
     return value
@@ -53,7 +65,8 @@ def _plain(optimizer: str) -> cases.Plain:
 
 def logical(ranks: List[Dict[str, np.ndarray]], key: str, table: str) -> np.ndarray:
     """The logical table (or gradient, or slot) ``key`` assembled from every rank's rows."""
-    if bool(ranks[0][f"{cases.OPTIMIZERS[0]}/replicated/{table}"]):
+    first = next(o for o in (cases.OPTIMIZERS[0], cases.TF1_OPTIMIZERS[0]) if f"{o}/replicated/{table}" in ranks[0])
+    if bool(ranks[0][f"{first}/replicated/{table}"]):
         for res in ranks[1:]:
             np.testing.assert_array_equal(res[key], ranks[0][key], err_msg=f"{key}: replicas differ")
         return ranks[0][key]
@@ -70,9 +83,9 @@ def fixed_tables() -> List[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def expected(backend: str, n: int, optimizer: str) -> Dict[str, np.ndarray]:
+def expected(backend: str, n: int, optimizer: str, behaviour: str = "tf2") -> Dict[str, np.ndarray]:
     """Plain TensorFlow from this run's initial tables."""
-    ranks = _launch(n)[backend]
+    ranks = _launch(n, behaviour)[backend]
     initial = {t: logical(ranks, f"{optimizer}/init/{t}", t) for t in fixed_tables()}
     return cases.reference(_plain(optimizer), initial)
 
@@ -87,25 +100,28 @@ def _mismatches(pairs) -> List[str]:
     return failures
 
 
-RUNS = [(b, n) for b in BACKENDS for n in WORKERS]
-IDS = [f"{b}-{n}workers" for b, n in RUNS]
+RUNS = [(b, n, behaviour) for behaviour in BEHAVIOURS for b in BACKENDS for n in WORKERS]
+IDS = [f"{b}-{n}workers" + ("-tf1" if behaviour == "tf1" else "") for b, n, behaviour in RUNS]
+TRAINED = [(b, n, behaviour, opt) for b, n, behaviour in RUNS for opt in OPTIMIZERS[behaviour]]
+TRAINED_IDS = [f"{opt}-{b}-{n}workers" + ("-tf1" if behaviour == "tf1" else "") for b, n, behaviour, opt in TRAINED]
 
 
-@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
-def test_forward_values_equal_one_process(backend, n):
-    ranks, want = _launch(n)[backend], expected(backend, n, cases.OPTIMIZERS[0])
+@pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
+def test_forward_values_equal_one_process(backend, n, behaviour):
+    first = OPTIMIZERS[behaviour][0]
+    ranks, want = _launch(n, behaviour)[backend], expected(backend, n, first, behaviour)
     per = cases.BATCH // n
-    pairs = [(f"{entry} rank {r}", res[f"{cases.OPTIMIZERS[0]}/out/{entry}"],
+    pairs = [(f"{entry} rank {r}", res[f"{first}/out/{entry}"],
               want[f"out/{entry}"][r * per:(r + 1) * per])
              for entry in cases.ENTRY_POINTS for r, res in enumerate(ranks)]
     failures = _mismatches(pairs)
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
-def test_averaged_gradients_equal_one_process(backend, n):
-    ranks, want = _launch(n)[backend], expected(backend, n, cases.OPTIMIZERS[0])
-    opt = cases.OPTIMIZERS[0]
+@pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
+def test_averaged_gradients_equal_one_process(backend, n, behaviour):
+    opt = OPTIMIZERS[behaviour][0]
+    ranks, want = _launch(n, behaviour)[backend], expected(backend, n, opt, behaviour)
     pairs = []
     for table in fixed_tables():
         got = logical(ranks, f"{opt}/grad/{table}", table)
@@ -117,10 +133,9 @@ def test_averaged_gradients_equal_one_process(backend, n):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
-@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
-def test_weights_and_slots_after_three_steps_equal_one_process(backend, n, optimizer):
-    ranks, want = _launch(n)[backend], expected(backend, n, optimizer)
+@pytest.mark.parametrize("backend, n, behaviour, optimizer", TRAINED, ids=TRAINED_IDS)
+def test_weights_and_slots_after_three_steps_equal_one_process(backend, n, behaviour, optimizer):
+    ranks, want = _launch(n, behaviour)[backend], expected(backend, n, optimizer, behaviour)
     np.testing.assert_allclose(np.mean([res[f"{optimizer}/losses"] for res in ranks], axis=0), want["losses"],
                                rtol=RTOL)
     pairs = []
@@ -139,10 +154,9 @@ def test_weights_and_slots_after_three_steps_equal_one_process(backend, n, optim
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
-@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
-def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, optimizer):
-    ranks, want = _launch(n)[backend], expected(backend, n, optimizer)
+@pytest.mark.parametrize("backend, n, behaviour, optimizer", TRAINED, ids=TRAINED_IDS)
+def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, behaviour, optimizer):
+    ranks, want = _launch(n, behaviour)[backend], expected(backend, n, optimizer, behaviour)
     pairs = []
     for entry in cases.HASHED:
         table = cases.table_key(entry, 0)
@@ -157,23 +171,24 @@ def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, opt
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("backend, n", RUNS, ids=IDS)
-def test_seeded_and_constant_tables_start_as_in_one_process(backend, n):
+@pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
+def test_seeded_and_constant_tables_start_as_in_one_process(backend, n, behaviour):
     """A seeded initializer gives the same logical table on any N; the unseeded ones need only agree with it."""
-    ranks, plain = _launch(n)[backend], _plain(cases.OPTIMIZERS[0])
+    ranks, plain, first = _launch(n, behaviour)[backend], _plain(cases.OPTIMIZERS[0]), OPTIMIZERS[behaviour][0]
     pairs = []
     for table in fixed_tables():
         if table.split("#")[0] in cases.SEEDED:
-            pairs.append((table, logical(ranks, f"{cases.OPTIMIZERS[0]}/init/{table}", table), plain.initial[table]))
+            pairs.append((table, logical(ranks, f"{first}/init/{table}", table), plain.initial[table]))
     assert len(pairs) >= 15
     failures = _mismatches(pairs)
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
 @pytest.mark.parametrize("n", WORKERS)
 @pytest.mark.parametrize("backend", BACKENDS[:3])
-def test_negative_and_out_of_range_ids_are_refused_naming_the_table(backend, n):
-    res = _launch(n)[backend][0]
+def test_negative_and_out_of_range_ids_are_refused_naming_the_table(backend, n, behaviour):
+    res = _launch(n, behaviour)[backend][0]
     for entry in ("embedding_lookup", "embedding_lookup_sparse", "group_embedding_lookup_sparse", "sok_layer"):
         table = "sok_table" if entry == "sok_layer" else "user_table"
         for kind in ("negative", "too_large"):

@@ -30,6 +30,9 @@ from hash_cases import init_vectors  # noqa: E402  pylint: disable=wrong-import-
 VOCAB, DIM, BATCH, WIDTH, STEPS = 13, 3, 12, 3, 3
 HASH_BUCKETS, CAPACITY = 7, 32
 OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl")
+# The TF1-behaviour launches (disable_v2_behavior) train with these: slots of both kinds (per row; Adam's
+# beta powers beside them) on ref variables; the other optimizers differ from them only in the update rule.
+TF1_OPTIMIZERS = ("Adagrad", "Adam")
 # Hash keys: negative, extreme and ordinary int64 values.
 KEY_POOL = np.unique(np.array([0, 3, -1, -9, 2 ** 40 + 1, -(2 ** 50), np.iinfo(np.int64).max, 7 * 10 ** 14,
                                123456789, 31], np.int64))

@@ -1,8 +1,10 @@
 """The differential matrix under CollectiveStrategy; writes <out>/<backend>/rank<r>.npz.
 
-argv: out_dir backend[,backend...]; one launch serves every backend. A
+argv: out_dir backend[,backend...] [tf1]; one launch serves every backend. A
 backend ``hb-api`` builds the model through HybridBackend's API instead
-(``hb.embedding_scope()`` and ``hb.train`` optimizers).
+(``hb.embedding_scope()`` and ``hb.train`` optimizers). With ``tf1`` the
+process runs with TF1 behaviour (``disable_v2_behavior()``: ref variables,
+v1 control flow) and trains with the optimizers of ``cases.TF1_OPTIMIZERS``.
 """
 
 import os
@@ -19,6 +21,10 @@ from collective.integration.training import average_gradients
 
 tf.get_logger().setLevel("ERROR")  # feature columns are deprecated; the matrix tests them anyway
 out_dir, backends = sys.argv[1], sys.argv[2].split(",")
+TF1 = sys.argv[3:] == ["tf1"]
+if TF1:
+    tf.compat.v1.disable_v2_behavior()
+OPTIMIZERS = cases.TF1_OPTIMIZERS if TF1 else cases.OPTIMIZERS
 # Grappler's passes take seconds on this wide graph and change nothing the matrix compares.
 FAST_START = tf.compat.v1.ConfigProto()
 FAST_START.graph_options.rewrite_options.disable_meta_optimizer = True
@@ -43,7 +49,7 @@ def train_each_optimizer(strategy, scope, train_module):
     results = {}
     with tf.Graph().as_default():
         model = cases.build(strategy, scope)
-        grads = cases.make_optimizer(cases.OPTIMIZERS[0], train_module).compute_gradients(model.loss)
+        grads = cases.make_optimizer(OPTIMIZERS[0], train_module).compute_gradients(model.loss)
         fixed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e not in cases.HASHED
                  for i, t in enumerate(ts)}
         hashed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e in cases.HASHED
@@ -63,7 +69,7 @@ def train_each_optimizer(strategy, scope, train_module):
             keys, rows = hash_table.table_of(table).entries()
             final[f"hash_keys/{key}"], final[f"hash_values/{key}"] = keys, tf.gather(table, rows)
         runs = []
-        for name in cases.OPTIMIZERS:
+        for name in OPTIMIZERS:
             optimizer = cases.make_optimizer(name, train_module)
             train_op = optimizer.apply_gradients(grads)
             slots = {f"slot/{key}/{slot}": optimizer.get_slot(table, slot) for key, table in fixed.items()
