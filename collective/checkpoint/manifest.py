@@ -10,7 +10,10 @@ to its own folder:
 - ``base``: the full checkpoint the chain starts from, with its step and a
   fingerprint (the SHA-256 of its ``.index``, the sizes of its data files),
   so a base rewritten after the chain was started is refused;
-- ``previous``: the delta before this one (``null`` for the first);
+- ``previous``: the delta before this one (``null`` for the first), and
+  ``previous_sha256``: the SHA-256 of that delta's manifest, which binds the
+  link to the predecessor's content (its manifest lists its files' SHA-256):
+  a later save of that step from another training history breaks the link;
 - ``files``: every file of the bundle with its size and SHA-256;
 - ``rows``: per table, the number of rows stored.
 
@@ -32,7 +35,9 @@ from typing import Collection, Dict, List, Optional
 
 import tensorflow as tf
 
-FORMAT = "collective-delta/1"
+FORMAT = "collective-delta/2"
+# Manifests of this format name their predecessor by file name only: a chain of them cannot be trusted.
+UNBOUND_FORMATS = ("collective-delta/1",)
 DELTA_SUFFIX = ".delta"
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -102,14 +107,23 @@ def base_fingerprint(base: str) -> Dict:
             "data": {os.path.basename(f): tf.io.gfile.stat(f).length for f in files if not f.endswith(".index")}}
 
 
+def manifest_sha256(prefix: str) -> str:
+    """The SHA-256 of delta ``prefix``'s manifest: what its successor's manifest records (``previous_sha256``)."""
+    return file_entry(manifest_path(prefix))["sha256"]
+
+
 def write_manifest(prefix: str, step: int, world_size: int, base: str, base_step: Optional[int],
                    fingerprint: Dict, previous: Optional[str], rows: Dict[str, int]) -> str:
-    """Writes ``prefix``'s manifest atomically (the delta's commit); returns its path."""
+    """Writes ``prefix``'s manifest atomically (the delta's commit); returns its path.
+
+    ``previous`` (the delta before, if any) must be committed: its manifest's SHA-256 is recorded.
+    """
     folder = os.path.dirname(prefix)
     manifest = {
         "format": FORMAT, "step": int(step), "world_size": int(world_size),
         "base": {"prefix": os.path.relpath(base, folder), "step": base_step, "fingerprint": fingerprint},
         "previous": os.path.relpath(previous, folder) if previous else None,
+        "previous_sha256": manifest_sha256(previous) if previous else None,
         "files": [file_entry(f) for f in bundle_files(prefix)],
         "rows": {name: int(n) for name, n in rows.items()},
     }
@@ -132,6 +146,11 @@ def read_manifest(prefix: str) -> Dict:
             manifest = json.loads(f.read())
     except (ValueError, OSError) as err:
         raise ChainError(f"incremental checkpoint {prefix}: its manifest {path} is unreadable ({err})") from err
+    if manifest.get("format") in UNBOUND_FORMATS:
+        raise ChainError(f"incremental checkpoint {prefix}: manifest format {manifest.get('format')!r} names its "
+                         "predecessor by file name only, so its chain cannot be checked (a later save may have "
+                         f"replaced a link); restore the full checkpoint {manifest.get('base', {}).get('prefix')!r} "
+                         "and save a new chain")
     if manifest.get("format") != FORMAT:
         raise ChainError(f"incremental checkpoint {prefix}: manifest format {manifest.get('format')!r}, "
                          f"expected {FORMAT!r}")
@@ -210,6 +229,10 @@ def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
             manifest = read_manifest(current)
         except ChainError as err:
             raise _Broken(str(err), None) from None
+        if links and manifest_sha256(current) != links[-1][1].get("previous_sha256"):
+            raise _Broken(f"incremental checkpoint {links[-1][0]}: its predecessor {current} is not the delta it was "
+                          "saved after (that manifest's SHA-256 differs: a later save of that step, from another "
+                          "training history, replaced it), so this chain mixes two histories", None)
         links.append((current, manifest))
         previous = manifest.get("previous")
         current = os.path.normpath(os.path.join(os.path.dirname(current), previous)) if previous else None
@@ -235,6 +258,23 @@ def step_of(prefix: str) -> Optional[int]:
     """The global step in a checkpoint or delta prefix (``...-<step>`` or ``...-<step>.delta``), else None."""
     match = re.search(r"-(\d+)(?:\.delta)?$", prefix)
     return int(match.group(1)) if match else None
+
+
+def later_deltas(checkpoint_file: str) -> List[str]:
+    """The deltas ``<save_path>-<n>.delta`` beside ``checkpoint_file`` (``<save_path>-<step>``) with ``n > step``,
+    committed or not, newest first."""
+    step = step_of(checkpoint_file)
+    stem = checkpoint_file[:checkpoint_file.rfind("-")] if step is not None else None
+    if stem is None:
+        return []
+    found = set()
+    pattern = glob.escape(stem) + "-*" + DELTA_SUFFIX
+    for path in tf.io.gfile.glob(pattern + MANIFEST_SUFFIX) + tf.io.gfile.glob(pattern + ".index"):
+        prefix = path[:-len(MANIFEST_SUFFIX)] if path.endswith(MANIFEST_SUFFIX) else path[:-len(".index")]
+        later = step_of(prefix)
+        if later is not None and later > step and prefix[:prefix.rfind("-")] == stem:
+            found.add((later, prefix))
+    return [prefix for _, prefix in sorted(found, reverse=True)]
 
 
 def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str] = None) -> Optional[str]:

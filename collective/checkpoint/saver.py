@@ -364,6 +364,10 @@ class Saver(saver_lib.Saver):
         manifest.remove_delta(prefix)  # an uncommitted bundle of a killed save, or this step's delta saved before
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: prefix})
         _remove_stale_parts(parts_dir)
+        for later in manifest.later_deltas(prefix[:-len(manifest.DELTA_SUFFIX)]):
+            logger.warning("retiring incremental checkpoint %s: a later step of another training history than %s's",
+                           later, prefix)
+            manifest.remove_delta(later)
         chain = self._chain
         manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, manifest.step_of(chain.base),
                                 self._base_fingerprint(chain.base), chain.deltas[-1] if chain.deltas else None,
