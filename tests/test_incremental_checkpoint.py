@@ -324,3 +324,30 @@ def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
         with tf.compat.v1.Session() as sess:
             Saver().restore(sess, latest_incremental_checkpoint(str(tmp_path)))
             np.testing.assert_array_equal(sess.run(table), want)
+
+
+def test_a_damaged_base_is_refused_before_anything_is_written(tmp_path):
+    """Regression (issue 40, 7): the chain check compared the base's index checksum and its data files' sizes
+    only; a flipped byte in a data file passed, and the restore failed with TensorFlow's DataLossError after
+    variables were written. The base's data files are now checked against the SHA-256 its chain recorded."""
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / "model.ckpt")
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train, step = _small_model(strategy)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [1, 2]})
+            saver.save(sess, path, global_step=step)
+            sess.run(train, {ids: [3]})
+            delta = saver.save_incremental(sess, path, global_step=step)
+            data = max(tmp_path.glob("model.ckpt-1.data-*"), key=lambda p: p.stat().st_size)
+            raw = bytearray(data.read_bytes())
+            raw[len(raw) // 2] ^= 1
+            data.write_bytes(bytes(raw))
+            sess.run([table.assign(tf.fill([8, 2], 7.0)), step.assign(42)])
+            with pytest.raises(ChainError, match=rf"its base checkpoint {re.escape(path)}-1 is damaged: its file "
+                                                 rf"{data.name} does not match the SHA-256"):
+                saver.restore(sess, delta)
+            np.testing.assert_array_equal(sess.run(table), np.full([8, 2], 7.0))  # nothing was written
+            assert sess.run(step) == 42

@@ -8,8 +8,8 @@ to its own folder:
 
 - ``step``, ``world_size`` (the workers that wrote it), ``format``;
 - ``base``: the full checkpoint the chain starts from, with its step and a
-  fingerprint (the SHA-256 of its ``.index``, the sizes of its data files),
-  so a base rewritten after the chain was started is refused;
+  fingerprint (the size and SHA-256 of its ``.index`` and of each data file),
+  so a base rewritten or damaged after the chain was started is refused;
 - ``previous``: the delta before this one (``null`` for the first), and
   ``previous_sha256``: the SHA-256 of that delta's manifest, which binds the
   link to the predecessor's content (its manifest lists its files' SHA-256):
@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Collection, Dict, List, Optional
+from typing import Collection, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -97,14 +97,23 @@ def file_entry(path: str) -> Dict:
     return {"name": os.path.basename(path), "bytes": tf.io.gfile.stat(path).length, "sha256": digest.hexdigest()}
 
 
-def base_fingerprint(base: str) -> Dict:
-    """What identifies a full checkpoint's files cheaply: its index's SHA-256 and its data files' sizes."""
+def _base_files(base: str) -> Tuple[str, List[str]]:
     files = bundle_files(base)
     index = [f for f in files if f.endswith(".index")]
     if not index:
         raise ChainError(f"the base checkpoint {base} has no {os.path.basename(base)}.index")
-    return {"index": file_entry(index[0]),
-            "data": {os.path.basename(f): tf.io.gfile.stat(f).length for f in files if not f.endswith(".index")}}
+    return index[0], [f for f in files if not f.endswith(".index")]
+
+
+def base_fingerprint(base: str) -> Dict:
+    """What identifies a full checkpoint's files: its index's and its data files' sizes and SHA-256."""
+    index, data = _base_files(base)
+    return {"index": file_entry(index), "data": {os.path.basename(f): _size_and_sha(f) for f in data}}
+
+
+def _size_and_sha(path: str) -> Dict:
+    entry = file_entry(path)
+    return {"bytes": entry["bytes"], "sha256": entry["sha256"]}
 
 
 def manifest_sha256(prefix: str) -> str:
@@ -177,13 +186,23 @@ def _problem_with_files(prefix: str, manifest: Dict, checksums: bool = True) -> 
     return None
 
 
-def _problem_with_base(base: str, fingerprint: Dict) -> Optional[str]:
+def _problem_with_base(base: str, fingerprint: Dict, checksums: bool = True) -> Optional[str]:
+    """What is wrong with the base's files against a chain's ``fingerprint`` (with ``checksums`` also its data
+    files' SHA-256: the whole base is read), or None."""
     try:
-        now = base_fingerprint(base)
+        index, data = _base_files(base)
     except ChainError as err:
         return str(err)
-    if now != fingerprint:
+    sizes = {os.path.basename(f): tf.io.gfile.stat(f).length for f in data}
+    recorded = fingerprint.get("data", {})
+    if file_entry(index) != fingerprint.get("index") or sizes != {
+            name: entry.get("bytes") if isinstance(entry, dict) else None for name, entry in recorded.items()}:
         return f"its base checkpoint {base} was rewritten after the chain started (its files differ)"
+    if checksums:
+        for path in data:
+            if _size_and_sha(path) != recorded[os.path.basename(path)]:
+                return (f"its base checkpoint {base} is damaged: its file {os.path.basename(path)} does not match "
+                        "the SHA-256 checksum its chain recorded")
     return None
 
 
@@ -198,9 +217,11 @@ class _Broken(Exception):
 def verify_chain(prefix: str, trusted: Collection[str] = ()) -> Chain:
     """The chain ending at ``prefix`` (a delta or a full checkpoint), every file checked.
 
-    ``trusted``: names of deltas (``model.ckpt-5.delta``) whose files the
-    caller will not read: only their sizes are checked, not their SHA-256
-    (a serving update skips the deltas a version holds already).
+    ``trusted``: names of deltas (``model.ckpt-5.delta``) or of the base
+    whose files the caller will not read: only their sizes are checked, not
+    their SHA-256 (a serving update skips the base and the deltas a version
+    holds already). Otherwise the base's data files are read and checked
+    against the SHA-256 the chain recorded, before anything is restored.
 
     Raises:
       ChainError: a delta of the chain (or its base) is missing or torn; the
@@ -241,7 +262,7 @@ def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
     links.reverse()  # base first
     first = links[0][1]
     base = os.path.normpath(os.path.join(os.path.dirname(links[0][0]), first["base"]["prefix"]))
-    problem = _problem_with_base(base, first["base"]["fingerprint"])
+    problem = _problem_with_base(base, first["base"]["fingerprint"], os.path.basename(base) not in trusted)
     if problem:
         raise _Broken(f"incremental checkpoint {links[0][0]}: {problem}; no step of its chain can be restored",
                       None)
