@@ -562,3 +562,36 @@ def test_saves_after_a_lookup_that_grew_the_table_hold_every_row(tmp_path):
     kept = [1, 2, 3, 5, *range(10, 30)]
     for ours, theirs in zip(by_key(saved, kept), by_key(restored, kept)):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_second_train_op_of_a_policy_table_evicts_too():
+    """Regression (issue 40, 4): the eviction was built for the first update op of a policy table only, so a
+    second train op (another optimizer) never evicted: key 5, seen at step 0 only, was still held at step 4 and a
+    bounded table filled. Each train op now runs the eviction after its own update, as one train op does."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    held_per_step = {}
+    for ops in ("one", "two"):
+        with tf.Graph().as_default(), strategy.scope():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            keys = tf.compat.v1.placeholder(tf.int64, [None])
+            with strategy.embedding_scope():
+                table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys))
+            first = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+            second = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step) \
+                if ops == "two" else first
+            held = hash_table.table_of(table).entries()[0]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(first, {keys: [5]})
+                got = [sorted(sess.run(held).tolist())]
+                for _ in range(3):
+                    sess.run(second, {keys: [7]})
+                    got.append(sorted(sess.run(held).tolist()))
+        held_per_step[ops] = got
+    assert held_per_step["one"] == [[5], [7], [7], [7]], held_per_step  # key 5 evicted at step 2
+    assert held_per_step["two"] == held_per_step["one"], held_per_step

@@ -60,7 +60,6 @@ class DynamicVocabulary:
         self.index = index
         self.policy = policy.check(index.name, index.dim)
         self.slots: List[Tuple[tf.Variable, np.ndarray]] = []
-        self._upkeep_built = False  # one eviction run per step, even if several updates touch the table
         zeros = tf.compat.v1.zeros_initializer()
         self.usage = index.row_variable("usage", [2], tf.int64, collections)
         # The keys held at the last committed checkpoint: a delta's tombstones are those no longer held.
@@ -173,11 +172,13 @@ class DynamicVocabulary:
 
     def upkeep(self, values: tf.Variable, step: tf.Tensor,
                row_masks: Optional[RowMasks] = None) -> Optional[tf.Operation]:
-        """The eviction run after an update (``step``: the step after it): a no-op unless ``step`` is due."""
+        """The eviction run after an update (``step``: the step after it): a no-op unless ``step`` is due.
+
+        Built for every update op of the table (a second train op, another optimizer), each after its own update.
+        """
         every = self.policy.evict_every_steps
-        if every is None or not (self.policy.evicts or self.counter is not None) or self._upkeep_built:
+        if every is None or not (self.policy.evicts or self.counter is not None):
             return None
-        self._upkeep_built = True
         due = tf.logical_and(step > 0, tf.equal(step % int(every), 0))
 
         def run():
