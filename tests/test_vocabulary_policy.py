@@ -595,3 +595,48 @@ def test_a_second_train_op_of_a_policy_table_evicts_too():
         held_per_step[ops] = got
     assert held_per_step["one"] == [[5], [7], [7], [7]], held_per_step  # key 5 evicted at step 2
     assert held_per_step["two"] == held_per_step["one"], held_per_step
+
+
+def test_a_policy_step_moved_by_another_optimizer_is_refused_and_the_rule_s_rewrite_is_deterministic():
+    """Regression (issue 40, 2): tables trained by an optimizer not given the global step, dense layers by another
+    that increments it, both in one tf.group: the eviction read the step after the table's update only, racing
+    the other optimizer's increment, so identical runs held different keys. Building that update is now refused
+    naming the table and the rule; the rewrite it asks for (the step given to the tables' optimizer, not to the
+    dense one) holds the same keys as one optimizer, run after run."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+
+    def program(step_to_tables: bool):
+        step = tf.compat.v1.train.get_or_create_global_step()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+        dense = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys) * dense)
+        given = {"global_step": step}
+        tables = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[table],
+                                                                   **(given if step_to_tables else {}))
+        layers = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[dense],
+                                                                           **({} if step_to_tables else given))
+        return tf.group(tables, layers), keys, hash_table.table_of(table).entries()[0], step
+
+    with tf.Graph().as_default(), strategy.scope():
+        with pytest.raises(ValueError, match=r"hash table t: its vocabulary policy runs its eviction at intervals of "
+                                             r"the global step global_step, .* optimizer Adagrad that updates it is "
+                                             r"not given global_step=.*Pass global_step="):
+            program(step_to_tables=False)
+    runs = []
+    for _ in range(3):
+        with tf.Graph().as_default(), strategy.scope():
+            train, keys, held, step = program(step_to_tables=True)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got = []
+                for batch in ([5], [7], [7], [7]):
+                    sess.run(train, {keys: batch})
+                    got.append((sorted(sess.run(held).tolist()), int(sess.run(step))))
+        runs.append(got)
+    assert runs == [[([5], 1), ([7], 2), ([7], 3), ([7], 4)]] * 3, runs
