@@ -640,3 +640,48 @@ def test_a_policy_step_moved_by_another_optimizer_is_refused_and_the_rule_s_rewr
                     got.append((sorted(sess.run(held).tolist()), int(sess.run(step))))
         runs.append(got)
     assert runs == [[([5], 1), ([7], 2), ([7], 3), ([7], 4)]] * 3, runs
+
+
+def test_ftrl_trains_policy_and_growing_tables_as_a_table_allocated_at_its_capacity():
+    """Regression (issue 40, 5): Ftrl, listed as supported, was refused on a policy table (its accumulator starts
+    as ones(shape) * value, which the slot's initial row could not be read from) and failed on a growing table
+    with a TensorFlow error naming no table (its slot initializer needs a static shape). Keys 7 and 9 (9 in a row
+    the eviction of 5 freed) train the values and Ftrl slots a plain table of the capacity trains; the growing
+    table holds every key with the plain table's rows."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    batches = ([5], [7], [7, 8, 10, 11, 12], [9, 7])
+
+    def trained(**options):
+        with tf.Graph().as_default(), strategy.scope():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            keys = tf.compat.v1.placeholder(tf.int64, [None])
+            with strategy.embedding_scope():
+                table = hash_table.hash_embedding_variable("t", 2, 16, **options)
+            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, keys) - 1.0))
+            optimizer = tf.compat.v1.train.FtrlOptimizer(0.1, initial_accumulator_value=0.2)
+            train = optimizer.minimize(loss, global_step=step)
+            held, rows = hash_table.table_of(table).entries()
+            read = [held] + [tf.gather(v, rows) for v in (table, optimizer.get_slot(table, "accum"),
+                                                            optimizer.get_slot(table, "linear"))]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for batch in batches:
+                    sess.run(train, {keys: batch})
+                got = sess.run(read)
+        return {int(k): [r[i] for r in got[1:]] for i, k in enumerate(got[0])}
+
+    plain = trained()
+    policy = trained(steps_to_live=1, evict_every_steps=1)
+    growing = trained(initial_capacity_per_worker=4)
+    assert sorted(plain) == [5, 7, 8, 9, 10, 11, 12] and sorted(policy) == [7, 9], sorted(policy)
+    for key in (7, 9):
+        for got, want in zip(policy[key], plain[key]):
+            np.testing.assert_array_equal(got, want, err_msg=f"policy key {key}")
+    assert sorted(growing) == sorted(plain)
+    for key, rows in plain.items():
+        for got, want in zip(growing[key], rows):
+            np.testing.assert_array_equal(got, want, err_msg=f"growing key {key}")
