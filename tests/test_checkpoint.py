@@ -217,7 +217,8 @@ def test_a_save_after_a_killed_save_of_the_same_step_holds_only_its_own_parts(tm
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(train, {ids: [3, 4]})
             parts = f"{path}-1_temp"  # the killed save: its parts written, never merged
-            saver._write_parts(sess, parts, f"{parts}/part-00000-of-00001", f"{parts}/replicated")  # pylint: disable=protected-access
+            write_parts = saver._write_parts  # pylint: disable=protected-access
+            write_parts(sess, parts, f"{parts}/part-00000-of-00001", f"{parts}/replicated")
             assert (tmp_path / "model.ckpt-1_temp" / "part-00000-of-00001-hash0.index").exists()
             sess.run(tf.compat.v1.global_variables_initializer())  # the rerun: no key held yet
             saved = saver.save(sess, path, global_step=1)

@@ -240,7 +240,7 @@ def verify_chain(prefix: str, trusted: Collection[str] = ()) -> Chain:
         raise ChainError(f"{broken.message}. {offer}") from None
 
 
-def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
+def _verify_chain(prefix: str, trusted: Collection[str] = frozenset(), base_checksums: bool = True) -> Chain:
     if not is_delta(prefix):
         return Chain(prefix, [], None)
     links: List[tuple] = []
@@ -262,7 +262,8 @@ def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
     links.reverse()  # base first
     first = links[0][1]
     base = os.path.normpath(os.path.join(os.path.dirname(links[0][0]), first["base"]["prefix"]))
-    problem = _problem_with_base(base, first["base"]["fingerprint"], os.path.basename(base) not in trusted)
+    problem = _problem_with_base(base, first["base"]["fingerprint"],
+                                 base_checksums and os.path.basename(base) not in trusted)
     if problem:
         raise _Broken(f"incremental checkpoint {links[0][0]}: {problem}; no step of its chain can be restored",
                       None)
@@ -304,7 +305,8 @@ def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str]
     That is the newest delta whose whole chain checks (:func:`verify_chain`)
     and starts at the latest full checkpoint (the ``checkpoint`` state
     file's), else that full checkpoint, else None. Deltas never committed or
-    torn are skipped (logged by the caller's restore, not here).
+    torn are skipped (logged by the caller's restore, not here). The base's
+    data files are checked by size here; their SHA-256 by the restore.
     """
     full = tf.train.latest_checkpoint(str(model_dir), latest_filename)
     if full is None:
@@ -320,7 +322,7 @@ def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str]
             candidates.append((step, prefix))
     for _, prefix in sorted(candidates, reverse=True):
         try:
-            chain = _verify_chain(prefix)
+            chain = _verify_chain(prefix, base_checksums=False)  # the restore reads the base's data: it checks
         except _Broken:
             continue
         if os.path.normpath(chain.base) == os.path.normpath(full):
