@@ -194,3 +194,36 @@ def test_unwritable_model_dir_fails_with_a_clear_error(tmp_path):
     with pytest.raises(ModelDirError, match=r"model_dir '.*a_file/model' is not writable"):
         check_model_dir(not_a_dir / "model")
     assert check_model_dir(tmp_path / "fresh") is None and (tmp_path / "fresh").is_dir()
+
+
+def test_a_save_after_a_killed_save_of_the_same_step_holds_only_its_own_parts(tmp_path):
+    """Regression (issue 40, 6): the merge took every part of this world size that existed, so a part left by a
+    save killed between writing its parts and merging them was merged into the retry when the retry wrote none of
+    that name (a worker holding no key of a hash table): its stale keys were in the checkpoint (with several parts,
+    'Duplicate tensor keyed by t'). Each worker now clears its own names first; the retry succeeds at once."""
+    from collective.embedding.hash_table import hash_embedding_variable  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / "model.ckpt")
+    with strategy.scope(), tf.Graph().as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_embedding_variable("t", 2, capacity_per_worker=16, initializer=tf.ones_initializer())
+        dense = tf.compat.v1.get_variable("w", [2], initializer=tf.ones_initializer())
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * dense)
+        train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [3, 4]})
+            parts = f"{path}-1_temp"  # the killed save: its parts written, never merged
+            write_parts = saver._write_parts  # pylint: disable=protected-access
+            write_parts(sess, parts, f"{parts}/part-00000-of-00001", f"{parts}/replicated")
+            assert (tmp_path / "model.ckpt-1_temp" / "part-00000-of-00001-hash0.index").exists()
+            sess.run(tf.compat.v1.global_variables_initializer())  # the rerun: no key held yet
+            saved = saver.save(sess, path, global_step=1)
+            want = sess.run(dense)
+    reader = tf.compat.v1.train.NewCheckpointReader(saved)
+    assert not reader.has_tensor("t/keys"), reader.get_tensor("t/keys")
+    np.testing.assert_array_equal(reader.get_tensor("w"), want)
+    assert not (tmp_path / "model.ckpt-1_temp").exists()

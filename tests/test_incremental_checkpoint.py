@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.checkpoint import ChainError, CheckpointError, Saver, latest_incremental_checkpoint, touched
+from collective.checkpoint import ChainError, CheckpointError, Saver, latest_incremental_checkpoint, manifest, touched
 
 from launcher import run_workers, start_workers
 from test_restart import START_TIMEOUT, Output, read_pid, still_running
@@ -277,3 +277,77 @@ def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+
+
+def _small_model(strategy):
+    """``(ids, table, train op, global step)``: an 8 x 2 table trained by Adagrad (one process)."""
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    with strategy.embedding_scope():
+        table = tf.compat.v1.get_variable("t", [8, 2], initializer=tf.compat.v1.ones_initializer())
+    step = tf.compat.v1.train.get_or_create_global_step()
+    loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
+    return ids, table, tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss, global_step=step), step
+
+
+def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
+    """Regression (issue 40, 1): a manifest named its predecessor by file name only. Restoring an older step and
+    training on (as a ChainError advises) replaced deltas 2-3, but the old 4 -> 3 -> 2 -> 1 verified link by link:
+    latest_incremental_checkpoint returned the abandoned old delta 4 and restore loaded a model of neither history.
+    Now each manifest records its predecessor's SHA-256, and a delta save retires the later steps' deltas."""
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / "model.ckpt")
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train, step = _small_model(strategy)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, path, global_step=step)
+            for batch in ([1], [2], [3], [4]):
+                sess.run(train, {ids: batch})
+                saver.save_incremental(sess, path, global_step=step)
+            old_four = {p.name: p.read_bytes() for p in tmp_path.glob("model.ckpt-4.delta*")}
+            saver.restore(sess, f"{path}-1.delta")
+            for batch in ([5, 6], [7]):
+                sess.run(train, {ids: batch})
+                saver.save_incremental(sess, path, global_step=step)
+            want = sess.run(table)
+    assert not list(tmp_path.glob("model.ckpt-4.delta*"))  # retired by the save of step 3
+    assert latest_incremental_checkpoint(str(tmp_path)) == f"{path}-3.delta"
+    for name, data in old_four.items():  # the abandoned delta copied back (say, from another copy of the model_dir)
+        (tmp_path / name).write_bytes(data)
+    with pytest.raises(ChainError, match=r"model.ckpt-4.delta: its predecessor .*model.ckpt-3.delta is not the delta "
+                                         r"it was saved after .* The last complete step is 3"):
+        manifest.verify_chain(f"{path}-4.delta")
+    assert latest_incremental_checkpoint(str(tmp_path)) == f"{path}-3.delta"
+    with strategy.scope(), tf.Graph().as_default():
+        _, table, _, _ = _small_model(strategy)
+        with tf.compat.v1.Session() as sess:
+            Saver().restore(sess, latest_incremental_checkpoint(str(tmp_path)))
+            np.testing.assert_array_equal(sess.run(table), want)
+
+
+def test_a_damaged_base_is_refused_before_anything_is_written(tmp_path):
+    """Regression (issue 40, 7): the chain check compared the base's index checksum and its data files' sizes
+    only; a flipped byte in a data file passed, and the restore failed with TensorFlow's DataLossError after
+    variables were written. The base's data files are now checked against the SHA-256 its chain recorded."""
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / "model.ckpt")
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train, step = _small_model(strategy)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [1, 2]})
+            saver.save(sess, path, global_step=step)
+            sess.run(train, {ids: [3]})
+            delta = saver.save_incremental(sess, path, global_step=step)
+            data = max(tmp_path.glob("model.ckpt-1.data-*"), key=lambda p: p.stat().st_size)
+            raw = bytearray(data.read_bytes())
+            raw[len(raw) // 2] ^= 1
+            data.write_bytes(bytes(raw))
+            sess.run([table.assign(tf.fill([8, 2], 7.0)), step.assign(42)])
+            with pytest.raises(ChainError, match=rf"its base checkpoint {re.escape(path)}-1 is damaged: its file "
+                                                 rf"{data.name} does not match the SHA-256"):
+                saver.restore(sess, delta)
+            np.testing.assert_array_equal(sess.run(table), np.full([8, 2], 7.0))  # nothing was written
+            assert sess.run(step) == 42

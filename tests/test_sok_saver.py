@@ -193,3 +193,68 @@ def test_sok_uint32_key_files_restore_into_int32_keyed_layers_and_repeated_keys_
     np.array([3, 3], "<i8").tofile(tmp_path / f"{layer.m_var_name}_keys.file")
     with pytest.raises(ValueError, match=f"{layer.m_var_name}_keys.file repeats keys"):
         saver.restore_from_file(layer.embedding_variable, str(tmp_path))
+
+
+def test_a_whole_sok_load_leaves_no_state_of_the_keys_held_before(tmp_path):
+    """Regression (issue 40, 3): sok.load of a whole dump into a DynamicVariable that held keys emptied only its
+    index: the freed rows kept the old keys' optimizer slots, and a new key inherited them (its Adagrad accumulator
+    5.1 instead of 1.1 here). Now every row's values, slots and update marks are reset (eagerly and in a graph)."""
+    import collective.sok as sok
+    from collective.embedding.table import shard_of
+
+    sok.init()
+
+    def run(tag, graph):
+        table = sok.DynamicVariable(dimension=2, initializer=0.1, var_type="hbm", key_type=tf.int64,
+                                    init_capacity=16, name=f"fresh_{tag}")
+        make = tf.keras.optimizers.Adagrad if not graph else tf.compat.v1.train.AdagradOptimizer
+        opt = sok.OptimizerWrapper(make(0.5, initial_accumulator_value=0.1))
+        keys = tf.compat.v1.placeholder(tf.int64, [None]) if graph else None
+
+        def step(ids):
+            if graph:  # d loss / d row = 1 for each looked-up row: the accumulator grows by 1 a step
+                loss = tf.reduce_sum(sok.lookup_sparse([table], [tf.RaggedTensor.from_row_lengths(
+                    ids, tf.shape(ids, out_type=tf.int64))], combiners=["sum"])[0])
+                return opt.apply_gradients(zip(tf.gradients(loss, [table]), [table]))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(sok.lookup_sparse([table], [tf.ragged.constant([ids], tf.int64)],
+                                                       combiners=["sum"])[0])
+            return opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+        def accumulators():
+            held, rows = shard_of(table).hash_index.entries()
+            slot = list(opt.slots(table).values())[0]
+            return dict(zip(held.numpy().tolist(), tf.gather(slot, rows)[:, 0].numpy().tolist()))
+
+        path = str(tmp_path / tag)
+        if graph:
+            train = step(keys)
+            dump, load = sok.dump(path, [table], opt), sok.load(path, [table], opt)
+            index = shard_of(table).hash_index
+            held, rows = index.entries()
+            read = (held, tf.gather(list(opt.slots(table).values())[0], rows)[:, 0])
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(train, {keys: [1, 2]})
+                sess.run(dump)
+                for _ in range(4):
+                    sess.run(train, {keys: [3, 4, 5]})
+                sess.run(load)
+                sess.run(train, {keys: [20]})
+                return dict(zip(*[v.tolist() for v in sess.run(read)]))
+        step([1, 2])
+        sok.dump(path, [table], opt)
+        for _ in range(4):
+            step([3, 4, 5])
+        sok.load(path, [table], opt)
+        step([20])
+        return accumulators()
+
+    want = {1: 1.1, 2: 1.1, 20: 1.1}  # 0.1 + one step's 1 each: key 20 starts afresh
+    got = run("eager", False)
+    with tf.Graph().as_default():
+        got_graph = run("graph", True)
+    for tag, found in (("eager", got), ("graph", got_graph)):
+        assert sorted(found) == sorted(want), (tag, found)
+        np.testing.assert_allclose([found[k] for k in sorted(want)], [want[k] for k in sorted(want)], rtol=1e-6,
+                                   err_msg=tag)

@@ -562,3 +562,126 @@ def test_saves_after_a_lookup_that_grew_the_table_hold_every_row(tmp_path):
     kept = [1, 2, 3, 5, *range(10, 30)]
     for ours, theirs in zip(by_key(saved, kept), by_key(restored, kept)):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_second_train_op_of_a_policy_table_evicts_too():
+    """Regression (issue 40, 4): the eviction was built for the first update op of a policy table only, so a
+    second train op (another optimizer) never evicted: key 5, seen at step 0 only, was still held at step 4 and a
+    bounded table filled. Each train op now runs the eviction after its own update, as one train op does."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    held_per_step = {}
+    for ops in ("one", "two"):
+        with tf.Graph().as_default(), strategy.scope():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            keys = tf.compat.v1.placeholder(tf.int64, [None])
+            with strategy.embedding_scope():
+                table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys))
+            first = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+            second = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step) \
+                if ops == "two" else first
+            held = hash_table.table_of(table).entries()[0]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(first, {keys: [5]})
+                got = [sorted(sess.run(held).tolist())]
+                for _ in range(3):
+                    sess.run(second, {keys: [7]})
+                    got.append(sorted(sess.run(held).tolist()))
+        held_per_step[ops] = got
+    assert held_per_step["one"] == [[5], [7], [7], [7]], held_per_step  # key 5 evicted at step 2
+    assert held_per_step["two"] == held_per_step["one"], held_per_step
+
+
+def test_a_policy_step_moved_by_another_optimizer_is_refused_and_the_rule_s_rewrite_is_deterministic():
+    """Regression (issue 40, 2): tables trained by an optimizer not given the global step, dense layers by another
+    that increments it, both in one tf.group: the eviction read the step after the table's update only, racing
+    the other optimizer's increment, so identical runs held different keys. Building that update is now refused
+    naming the table and the rule; the rewrite it asks for (the step given to the tables' optimizer, not to the
+    dense one) holds the same keys as one optimizer, run after run."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+
+    def program(step_to_tables: bool):
+        step = tf.compat.v1.train.get_or_create_global_step()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope():
+            table = hash_table.hash_embedding_variable("t", 2, 8, steps_to_live=1, evict_every_steps=1)
+        dense = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, keys) * dense)
+        given = {"global_step": step}
+        tables = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[table],
+                                                                   **(given if step_to_tables else {}))
+        layers = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=[dense],
+                                                                           **({} if step_to_tables else given))
+        return tf.group(tables, layers), keys, hash_table.table_of(table).entries()[0], step
+
+    with tf.Graph().as_default(), strategy.scope():
+        with pytest.raises(ValueError, match=r"hash table t: its vocabulary policy runs its eviction at intervals of "
+                                             r"the global step global_step, .* optimizer Adagrad that updates it is "
+                                             r"not given global_step=.*Pass global_step="):
+            program(step_to_tables=False)
+    runs = []
+    for _ in range(3):
+        with tf.Graph().as_default(), strategy.scope():
+            train, keys, held, step = program(step_to_tables=True)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got = []
+                for batch in ([5], [7], [7], [7]):
+                    sess.run(train, {keys: batch})
+                    got.append((sorted(sess.run(held).tolist()), int(sess.run(step))))
+        runs.append(got)
+    assert runs == [[([5], 1), ([7], 2), ([7], 3), ([7], 4)]] * 3, runs
+
+
+def test_ftrl_trains_policy_and_growing_tables_as_a_table_allocated_at_its_capacity():
+    """Regression (issue 40, 5): Ftrl, listed as supported, was refused on a policy table (its accumulator starts
+    as ones(shape) * value, which the slot's initial row could not be read from) and failed on a growing table
+    with a TensorFlow error naming no table (its slot initializer needs a static shape). Keys 7 and 9 (9 in a row
+    the eviction of 5 freed) train the values and Ftrl slots a plain table of the capacity trains; the growing
+    table holds every key with the plain table's rows."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import hash_table  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb")
+    batches = ([5], [7], [7, 8, 10, 11, 12], [9, 7])
+
+    def trained(**options):
+        with tf.Graph().as_default(), strategy.scope():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            keys = tf.compat.v1.placeholder(tf.int64, [None])
+            with strategy.embedding_scope():
+                table = hash_table.hash_embedding_variable("t", 2, 16, **options)
+            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, keys) - 1.0))
+            optimizer = tf.compat.v1.train.FtrlOptimizer(0.1, initial_accumulator_value=0.2)
+            train = optimizer.minimize(loss, global_step=step)
+            held, rows = hash_table.table_of(table).entries()
+            read = [held] + [tf.gather(v, rows) for v in (table, optimizer.get_slot(table, "accum"),
+                                                            optimizer.get_slot(table, "linear"))]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for batch in batches:
+                    sess.run(train, {keys: batch})
+                got = sess.run(read)
+        return {int(k): [r[i] for r in got[1:]] for i, k in enumerate(got[0])}
+
+    plain = trained()
+    policy = trained(steps_to_live=1, evict_every_steps=1)
+    growing = trained(initial_capacity_per_worker=4)
+    assert sorted(plain) == [5, 7, 8, 9, 10, 11, 12] and sorted(policy) == [7, 9], sorted(policy)
+    for key in (7, 9):
+        for got, want in zip(policy[key], plain[key]):
+            np.testing.assert_array_equal(got, want, err_msg=f"policy key {key}")
+    assert sorted(growing) == sorted(plain)
+    for key, rows in plain.items():
+        for got, want in zip(growing[key], rows):
+            np.testing.assert_array_equal(got, want, err_msg=f"growing key {key}")

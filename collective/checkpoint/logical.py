@@ -74,14 +74,18 @@ def keep_owned(layout: ShardLayout, keys: tf.Tensor,
 
 
 def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor,
-                 values: Sequence[tf.Tensor], update_only: Union[bool, tf.Tensor] = False) -> tf.Operation:
+                 values: Sequence[tf.Tensor], update_only: Union[bool, tf.Tensor] = False,
+                 fresh: Sequence[Tuple[tf.Variable, object]] = ()) -> tf.Operation:
     """Writes this worker's ``keys`` (which it owns) with one ``[keys, dim]`` tensor of ``values`` per table.
 
     ``tables`` is the values variable (and its slots). A table without a hash
     table writes those rows and keeps the others; a hash table's index is
     emptied and then holds exactly ``keys``, or with ``update_only`` (a bool,
     or a bool tensor in a graph) keeps its other keys and inserts or updates
-    ``keys``. Eagerly it has run on return.
+    ``keys``. ``fresh``: ``(per-row variable, the row it starts with)`` of a
+    hash table, every row of which is reset when the index is emptied (so a
+    key inserted later finds no state of a key held before). Eagerly it has
+    run on return.
     """
     keys = tf.reshape(keys, [-1])
     values = [tf.reshape(v, [-1, info.dim]) for v in values]
@@ -89,21 +93,30 @@ def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor
     if index is None:
         local = info.layout.local_row(keys)
         return tf.group(*[t.scatter_update(tf.IndexedSlices(v, local)) for t, v in zip(tables, values)])
+    def empty():
+        return tf.group(index.clear(), *[reset_rows(var, row) for var, row in fresh])
+
     if tf.executing_eagerly():
         if not bool(update_only):
-            index.clear()
+            empty()
         return insert_rows(index, list(tables), keys, values)
     if isinstance(update_only, bool):
-        cleared = [] if update_only else [index.clear()]
+        cleared = [] if update_only else [empty()]
     else:  # known when the graph runs
 
         def clear():
-            with tf.control_dependencies([index.clear()]):
+            with tf.control_dependencies([empty()]):
                 return tf.constant(True)
 
         cleared = [tf.cond(update_only, lambda: tf.constant(True), clear)]
     with tf.control_dependencies(cleared):
         return insert_rows(index, list(tables), keys, values)
+
+
+def reset_rows(var: tf.Variable, row) -> tf.Operation:
+    """Sets every row of per-row ``var`` (as many rows as it holds now) to ``row``."""
+    held = tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)
+    return var.assign(tf.broadcast_to(tf.cast(row, var.dtype.base_dtype), held), read_value=False)
 
 
 def insert_rows(index, variables: Sequence[tf.Variable], keys: tf.Tensor, values: Sequence[tf.Tensor]) -> tf.Operation:

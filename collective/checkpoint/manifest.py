@@ -8,9 +8,12 @@ to its own folder:
 
 - ``step``, ``world_size`` (the workers that wrote it), ``format``;
 - ``base``: the full checkpoint the chain starts from, with its step and a
-  fingerprint (the SHA-256 of its ``.index``, the sizes of its data files),
-  so a base rewritten after the chain was started is refused;
-- ``previous``: the delta before this one (``null`` for the first);
+  fingerprint (the size and SHA-256 of its ``.index`` and of each data file),
+  so a base rewritten or damaged after the chain was started is refused;
+- ``previous``: the delta before this one (``null`` for the first), and
+  ``previous_sha256``: the SHA-256 of that delta's manifest, which binds the
+  link to the predecessor's content (its manifest lists its files' SHA-256):
+  a later save of that step from another training history breaks the link;
 - ``files``: every file of the bundle with its size and SHA-256;
 - ``rows``: per table, the number of rows stored.
 
@@ -28,11 +31,13 @@ import hashlib
 import json
 import os
 import re
-from typing import Collection, Dict, List, Optional
+from typing import Collection, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-FORMAT = "collective-delta/1"
+FORMAT = "collective-delta/2"
+# Manifests of this format name their predecessor by file name only: a chain of them cannot be trusted.
+UNBOUND_FORMATS = ("collective-delta/1",)
 DELTA_SUFFIX = ".delta"
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -92,24 +97,42 @@ def file_entry(path: str) -> Dict:
     return {"name": os.path.basename(path), "bytes": tf.io.gfile.stat(path).length, "sha256": digest.hexdigest()}
 
 
-def base_fingerprint(base: str) -> Dict:
-    """What identifies a full checkpoint's files cheaply: its index's SHA-256 and its data files' sizes."""
+def _base_files(base: str) -> Tuple[str, List[str]]:
     files = bundle_files(base)
     index = [f for f in files if f.endswith(".index")]
     if not index:
         raise ChainError(f"the base checkpoint {base} has no {os.path.basename(base)}.index")
-    return {"index": file_entry(index[0]),
-            "data": {os.path.basename(f): tf.io.gfile.stat(f).length for f in files if not f.endswith(".index")}}
+    return index[0], [f for f in files if not f.endswith(".index")]
+
+
+def base_fingerprint(base: str) -> Dict:
+    """What identifies a full checkpoint's files: its index's and its data files' sizes and SHA-256."""
+    index, data = _base_files(base)
+    return {"index": file_entry(index), "data": {os.path.basename(f): _size_and_sha(f) for f in data}}
+
+
+def _size_and_sha(path: str) -> Dict:
+    entry = file_entry(path)
+    return {"bytes": entry["bytes"], "sha256": entry["sha256"]}
+
+
+def manifest_sha256(prefix: str) -> str:
+    """The SHA-256 of delta ``prefix``'s manifest: what its successor's manifest records (``previous_sha256``)."""
+    return file_entry(manifest_path(prefix))["sha256"]
 
 
 def write_manifest(prefix: str, step: int, world_size: int, base: str, base_step: Optional[int],
                    fingerprint: Dict, previous: Optional[str], rows: Dict[str, int]) -> str:
-    """Writes ``prefix``'s manifest atomically (the delta's commit); returns its path."""
+    """Writes ``prefix``'s manifest atomically (the delta's commit); returns its path.
+
+    ``previous`` (the delta before, if any) must be committed: its manifest's SHA-256 is recorded.
+    """
     folder = os.path.dirname(prefix)
     manifest = {
         "format": FORMAT, "step": int(step), "world_size": int(world_size),
         "base": {"prefix": os.path.relpath(base, folder), "step": base_step, "fingerprint": fingerprint},
         "previous": os.path.relpath(previous, folder) if previous else None,
+        "previous_sha256": manifest_sha256(previous) if previous else None,
         "files": [file_entry(f) for f in bundle_files(prefix)],
         "rows": {name: int(n) for name, n in rows.items()},
     }
@@ -132,6 +155,11 @@ def read_manifest(prefix: str) -> Dict:
             manifest = json.loads(f.read())
     except (ValueError, OSError) as err:
         raise ChainError(f"incremental checkpoint {prefix}: its manifest {path} is unreadable ({err})") from err
+    if manifest.get("format") in UNBOUND_FORMATS:
+        raise ChainError(f"incremental checkpoint {prefix}: manifest format {manifest.get('format')!r} names its "
+                         "predecessor by file name only, so its chain cannot be checked (a later save may have "
+                         f"replaced a link); restore the full checkpoint {manifest.get('base', {}).get('prefix')!r} "
+                         "and save a new chain")
     if manifest.get("format") != FORMAT:
         raise ChainError(f"incremental checkpoint {prefix}: manifest format {manifest.get('format')!r}, "
                          f"expected {FORMAT!r}")
@@ -158,13 +186,23 @@ def _problem_with_files(prefix: str, manifest: Dict, checksums: bool = True) -> 
     return None
 
 
-def _problem_with_base(base: str, fingerprint: Dict) -> Optional[str]:
+def _problem_with_base(base: str, fingerprint: Dict, checksums: bool = True) -> Optional[str]:
+    """What is wrong with the base's files against a chain's ``fingerprint`` (with ``checksums`` also its data
+    files' SHA-256: the whole base is read), or None."""
     try:
-        now = base_fingerprint(base)
+        index, data = _base_files(base)
     except ChainError as err:
         return str(err)
-    if now != fingerprint:
+    sizes = {os.path.basename(f): tf.io.gfile.stat(f).length for f in data}
+    recorded = fingerprint.get("data", {})
+    if file_entry(index) != fingerprint.get("index") or sizes != {
+            name: entry.get("bytes") if isinstance(entry, dict) else None for name, entry in recorded.items()}:
         return f"its base checkpoint {base} was rewritten after the chain started (its files differ)"
+    if checksums:
+        for path in data:
+            if _size_and_sha(path) != recorded[os.path.basename(path)]:
+                return (f"its base checkpoint {base} is damaged: its file {os.path.basename(path)} does not match "
+                        "the SHA-256 checksum its chain recorded")
     return None
 
 
@@ -179,9 +217,11 @@ class _Broken(Exception):
 def verify_chain(prefix: str, trusted: Collection[str] = ()) -> Chain:
     """The chain ending at ``prefix`` (a delta or a full checkpoint), every file checked.
 
-    ``trusted``: names of deltas (``model.ckpt-5.delta``) whose files the
-    caller will not read: only their sizes are checked, not their SHA-256
-    (a serving update skips the deltas a version holds already).
+    ``trusted``: names of deltas (``model.ckpt-5.delta``) or of the base
+    whose files the caller will not read: only their sizes are checked, not
+    their SHA-256 (a serving update skips the base and the deltas a version
+    holds already). Otherwise the base's data files are read and checked
+    against the SHA-256 the chain recorded, before anything is restored.
 
     Raises:
       ChainError: a delta of the chain (or its base) is missing or torn; the
@@ -200,7 +240,7 @@ def verify_chain(prefix: str, trusted: Collection[str] = ()) -> Chain:
         raise ChainError(f"{broken.message}. {offer}") from None
 
 
-def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
+def _verify_chain(prefix: str, trusted: Collection[str] = frozenset(), base_checksums: bool = True) -> Chain:
     if not is_delta(prefix):
         return Chain(prefix, [], None)
     links: List[tuple] = []
@@ -210,6 +250,10 @@ def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
             manifest = read_manifest(current)
         except ChainError as err:
             raise _Broken(str(err), None) from None
+        if links and manifest_sha256(current) != links[-1][1].get("previous_sha256"):
+            raise _Broken(f"incremental checkpoint {links[-1][0]}: its predecessor {current} is not the delta it was "
+                          "saved after (that manifest's SHA-256 differs: a later save of that step, from another "
+                          "training history, replaced it), so this chain mixes two histories", None)
         links.append((current, manifest))
         previous = manifest.get("previous")
         current = os.path.normpath(os.path.join(os.path.dirname(current), previous)) if previous else None
@@ -218,7 +262,8 @@ def _verify_chain(prefix: str, trusted: Collection[str] = frozenset()) -> Chain:
     links.reverse()  # base first
     first = links[0][1]
     base = os.path.normpath(os.path.join(os.path.dirname(links[0][0]), first["base"]["prefix"]))
-    problem = _problem_with_base(base, first["base"]["fingerprint"])
+    problem = _problem_with_base(base, first["base"]["fingerprint"],
+                                 base_checksums and os.path.basename(base) not in trusted)
     if problem:
         raise _Broken(f"incremental checkpoint {links[0][0]}: {problem}; no step of its chain can be restored",
                       None)
@@ -237,13 +282,31 @@ def step_of(prefix: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
+def later_deltas(checkpoint_file: str) -> List[str]:
+    """The deltas ``<save_path>-<n>.delta`` beside ``checkpoint_file`` (``<save_path>-<step>``) with ``n > step``,
+    committed or not, newest first."""
+    step = step_of(checkpoint_file)
+    stem = checkpoint_file[:checkpoint_file.rfind("-")] if step is not None else None
+    if stem is None:
+        return []
+    found = set()
+    pattern = glob.escape(stem) + "-*" + DELTA_SUFFIX
+    for path in tf.io.gfile.glob(pattern + MANIFEST_SUFFIX) + tf.io.gfile.glob(pattern + ".index"):
+        prefix = path[:-len(MANIFEST_SUFFIX)] if path.endswith(MANIFEST_SUFFIX) else path[:-len(".index")]
+        later = step_of(prefix)
+        if later is not None and later > step and prefix[:prefix.rfind("-")] == stem:
+            found.add((later, prefix))
+    return [prefix for _, prefix in sorted(found, reverse=True)]
+
+
 def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str] = None) -> Optional[str]:
     """The prefix to restore to reach the newest complete step of ``model_dir``.
 
     That is the newest delta whose whole chain checks (:func:`verify_chain`)
     and starts at the latest full checkpoint (the ``checkpoint`` state
     file's), else that full checkpoint, else None. Deltas never committed or
-    torn are skipped (logged by the caller's restore, not here).
+    torn are skipped (logged by the caller's restore, not here). The base's
+    data files are checked by size here; their SHA-256 by the restore.
     """
     full = tf.train.latest_checkpoint(str(model_dir), latest_filename)
     if full is None:
@@ -259,7 +322,7 @@ def latest_incremental_checkpoint(model_dir: str, latest_filename: Optional[str]
             candidates.append((step, prefix))
     for _, prefix in sorted(candidates, reverse=True):
         try:
-            chain = _verify_chain(prefix)
+            chain = _verify_chain(prefix, base_checksums=False)  # the restore reads the base's data: it checks
         except _Broken:
             continue
         if os.path.normpath(chain.base) == os.path.normpath(full):

@@ -30,6 +30,7 @@ full-size variables reads the same files.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -343,7 +344,7 @@ class Saver(saver_lib.Saver):
 
     def _write_delta_parts(self, sess, parts_dir: str, part: str, replicated_part: str) -> List[int]:
         """Writes this worker's part of a delta (and on rank 0 the replicated variables); returns rows per table."""
-        tf.io.gfile.makedirs(parts_dir)
+        _clear_own_parts(parts_dir, part, replicated_part)
         self._evict_before_writing(sess)
         fetches = {"saves": [t.save for t in self._delta_tables], "splits": [t.row_splits for t in self._delta_tables],
                    "tombstones": [t.tombstone_save for t in self._delta_tables if t.tombstone_save is not None]}
@@ -364,6 +365,10 @@ class Saver(saver_lib.Saver):
         manifest.remove_delta(prefix)  # an uncommitted bundle of a killed save, or this step's delta saved before
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: prefix})
         _remove_stale_parts(parts_dir)
+        for later in manifest.later_deltas(prefix[:-len(manifest.DELTA_SUFFIX)]):
+            logger.warning("retiring incremental checkpoint %s: a later step of another training history than %s's",
+                           later, prefix)
+            manifest.remove_delta(later)
         chain = self._chain
         manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, manifest.step_of(chain.base),
                                 self._base_fingerprint(chain.base), chain.deltas[-1] if chain.deltas else None,
@@ -400,7 +405,7 @@ class Saver(saver_lib.Saver):
 
     def _write_parts(self, sess, parts_dir: str, shard_part: str, replicated_part: str) -> None:
         """Writes this worker's part (and on rank 0 the replicated variables)."""
-        tf.io.gfile.makedirs(parts_dir)
+        _clear_own_parts(parts_dir, shard_part, replicated_part)
         self._evict_before_writing(sess)
         fetches = [self._shard_save] + [family.save for family in self._families]
         feed = {self._part_prefix: shard_part}
@@ -549,6 +554,25 @@ def default_saver() -> saver_lib.Saver:
     saver = Saver(sharded=True, allow_empty=True)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
     return saver
+
+
+def _clear_own_parts(parts_dir: str, part: str, replicated_part: str) -> None:
+    """Creates ``parts_dir`` and removes the files of this worker's names left there by a killed save of this step.
+
+    A worker writes a table's part only when it holds rows of it, and the
+    merge takes every part of this world size's names that exists: a part a
+    killed save left, and this save does not write again, would be merged
+    with the new ones (stale rows, or ``Duplicate tensor keyed by ...``).
+    Each worker removes only its own names (rank 0 also the replicated
+    part), before the barrier that precedes the merge: no race.
+    """
+    tf.io.gfile.makedirs(parts_dir)
+    own = [glob.escape(part) + "*"] + ([glob.escape(replicated_part) + "*"] if comm.rank() == 0 else [])
+    stale = [f for pattern in own for f in tf.io.gfile.glob(pattern)]
+    if stale:
+        logger.info("removing %d file(s) of a killed save in %s", len(stale), parts_dir)
+    for path in stale:
+        tf.io.gfile.remove(path)
 
 
 def _remove_stale_parts(parts_dir: str) -> None:

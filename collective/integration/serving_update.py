@@ -92,8 +92,9 @@ def _update(export_dir_base: str, chain_end: str, version: Optional[int]) -> byt
                                  f"(versions: {existing})")
     old_dir = os.path.join(export_dir_base, str(version))
     record = serving_versions.read_record(old_dir)
-    # The deltas the version holds are not read again: their files are checked by size, not checksum.
-    chain = manifest.verify_chain(chain_end, trusted=[entry["prefix"] for entry in record["deltas"]])
+    # The base and the deltas the version holds are not read again: their files are checked by size, not checksum.
+    chain = manifest.verify_chain(chain_end, trusted=[os.path.basename(record["base"]["prefix"])] + [
+        entry["prefix"] for entry in record["deltas"]])
     deltas = serving_versions.deltas_to_apply(record, old_dir, chain)
     served = serving_deltas.Served.from_json(record["served"])
     tensors = _delta_tensors(served, deltas, old_dir)

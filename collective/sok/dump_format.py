@@ -133,13 +133,14 @@ def _write_description(directory: str, description: Optional[str]) -> None:
 
 
 def load_tables(directory, names: Sequence[str], info: ShardInfo, tables: Sequence[tf.Variable],
-                update_only=False) -> tf.Operation:
+                update_only=False, fresh: Sequence[Tuple[tf.Variable, object]] = ()) -> tf.Operation:
     """Assigns each of ``tables`` the rows of dump ``names[i]`` in ``directory`` whose keys this worker owns.
 
     The keys are read from ``names[0]``. A table without a hash table keeps
     the rows the dump lacks; a hash table then holds exactly the keys read,
     or with ``update_only`` (an incremental dump; a bool, or a bool tensor in a
-    graph, see :func:`incremental_flag`) also keeps the others.
+    graph, see :func:`incremental_flag`) also keeps the others; otherwise every
+    row of each ``fresh`` variable is first reset (:func:`logical.assign_owned`).
     """
     dtype = tables[0].dtype.base_dtype
     key_dtype = tf.as_dtype(getattr(tables[0], "m_key_dtype", tf.int64)).name
@@ -150,7 +151,7 @@ def load_tables(directory, names: Sequence[str], info: ShardInfo, tables: Sequen
         return [parts[0][0]] + [values for _, values in parts]
 
     read_back = _numpy_call(read, [tf.convert_to_tensor(directory, tf.string)], [tf.int64] + [dtype] * len(names))
-    return logical.assign_owned(tables, info, read_back[0], read_back[1:], update_only=update_only)
+    return logical.assign_owned(tables, info, read_back[0], read_back[1:], update_only=update_only, fresh=fresh)
 
 
 def _text(value) -> str:

@@ -97,7 +97,13 @@ def hook(slot: tf.Variable, table: tf.Variable, optimizer, created: bool) -> tf.
     if info.hash_index is None:
         return save_logical(slot, info, where, restore_table)
     initial = _initial_row(slot) if created else None
+    slot._collective_initial_row = initial  # pylint: disable=protected-access  (sok.load resets rows to it)
     return save_logical(slot, info, where, functools.partial(restore_hash_slot, initial=initial, where=where))
+
+
+def initial_row(slot: tf.Variable) -> Optional[tf.Tensor]:
+    """The row every row of ``slot`` started with when :func:`hook` saw it created; None when it is not known."""
+    return slot.__dict__.get("_collective_initial_row")
 
 
 def _initial_row(slot: tf.Variable) -> Optional[tf.Tensor]:

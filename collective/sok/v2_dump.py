@@ -23,13 +23,16 @@ from __future__ import annotations
 import datetime
 import json
 import numbers
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from collective import comm
 from collective.checkpoint import touched
+from collective.embedding.hash_table import growth
 from collective.embedding.table import shard_of
+from collective.sok import slots as sok_slots
 from collective.sok.dump_format import dump_selected_rows, dump_tables, incremental_flag, load_tables
 from collective.sok.v2_optimizer import OptimizerWrapper
 
@@ -137,8 +140,32 @@ def load(path: str, sok_vars: Sequence, optimizer=None):
             raise ValueError(f"sok.load: the optimizer has no slots for '{var.name}' yet; build them first "
                              "(optimizer.build(variables) for a Keras optimizer)")
         ops.append(load_tables(path, _file_names(var, slots), shard_of(var), [var, *slots.values()],
-                               update_only=incremental_flag(path)))
+                               update_only=incremental_flag(path), fresh=_fresh_rows(var, slots.values())))
     return None if tf.executing_eagerly() else tf.group(ops)
+
+
+def _fresh_rows(var, slots) -> List[Tuple[tf.Variable, object]]:
+    """``(per-row variable, its initial row)`` of a ``sok.DynamicVariable``: values, slots, a policy's usage and
+    the update marks, reset by a whole load (a key inserted later must find no state of a key held before)."""
+    index = shard_of(var).hash_index
+    if index is None:
+        return []
+    fresh = [(var, np.zeros([shard_of(var).dim], var.dtype.base_dtype.as_numpy_dtype))]
+    for slot in slots:
+        row = sok_slots.initial_row(slot)
+        if row is None and not tf.executing_eagerly() and not tf.inside_function():
+            row = growth.initial_row(slot, index.name)  # a TF1 slot: its initial value says
+        if row is None:
+            raise ValueError(f"sok.load: the value the rows of optimizer slot '{slot.name}' of '{var.name}' start "
+                             "with is not known (the slot existed before collective.sok saw its optimizer), so the "
+                             "rows of keys the dump lacks cannot be reset; wrap the optimizer in sok.OptimizerWrapper "
+                             "before its first step")
+        fresh.append((slot, row))
+    dynamic = getattr(index, "dynamic", None)
+    if dynamic is not None:
+        fresh.append((dynamic.usage, np.zeros([2], np.int64)))
+    fresh += [(state, growth.never_marked(state.dtype)) for _, state in touched.row_state(var)]
+    return fresh
 
 
 def _needs_slots(optimizer) -> bool:

@@ -60,7 +60,6 @@ class DynamicVocabulary:
         self.index = index
         self.policy = policy.check(index.name, index.dim)
         self.slots: List[Tuple[tf.Variable, np.ndarray]] = []
-        self._upkeep_built = False  # one eviction run per step, even if several updates touch the table
         zeros = tf.compat.v1.zeros_initializer()
         self.usage = index.row_variable("usage", [2], tf.int64, collections)
         # The keys held at the last committed checkpoint: a delta's tombstones are those no longer held.
@@ -171,13 +170,20 @@ class DynamicVocabulary:
                              "one row per key; vocabulary policies cannot move its rows")
         self.slots.append((slot, initial_row(slot, self.index.name)))
 
+    @property
+    def runs_at_intervals(self) -> bool:
+        """Whether an eviction run follows the table's updates every ``evict_every_steps`` steps."""
+        return self.policy.evict_every_steps is not None and (self.policy.evicts or self.counter is not None)
+
     def upkeep(self, values: tf.Variable, step: tf.Tensor,
                row_masks: Optional[RowMasks] = None) -> Optional[tf.Operation]:
-        """The eviction run after an update (``step``: the step after it): a no-op unless ``step`` is due."""
+        """The eviction run after an update (``step``: the step after it): a no-op unless ``step`` is due.
+
+        Built for every update op of the table (a second train op, another optimizer), each after its own update.
+        """
         every = self.policy.evict_every_steps
-        if every is None or not (self.policy.evicts or self.counter is not None) or self._upkeep_built:
+        if not self.runs_at_intervals:
             return None
-        self._upkeep_built = True
         due = tf.logical_and(step > 0, tf.equal(step % int(every), 0))
 
         def run():
@@ -342,7 +348,9 @@ def upkeep_ops(pairs, after, row_masks: Optional[RowMasks] = None, optimizer=Non
             found.append((dynamic, var))
     if not found:
         return []
-    step = policy_step.after_update(optimizer, found[0][0].index.name, after, global_step)
+    interval = [d for d, _ in found if d.runs_at_intervals]
+    named = (interval or [found[0][0]])[0].index.name
+    step = policy_step.after_update(optimizer, named, after, global_step, interval=bool(interval))
     ops = [step.op]
     for dynamic, var in found:
         op = dynamic.upkeep(var, step, row_masks)

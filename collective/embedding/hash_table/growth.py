@@ -113,21 +113,44 @@ def initial_row(slot: tf.Variable, table: str) -> np.ndarray:
 
     A slot of a growing table starts as ``fill(shape(table), value)``; others as a constant.
     """
-    value = tf.get_static_value(slot.initial_value)
-    if value is not None and value.ndim >= 1 and value.shape[0] > 0:
-        first = value[0]
-        if np.all(value == first):
-            return first
-    op = slot.initial_value.op
-    while op.type == "Identity":
-        op = op.inputs[0].op
-    if op.type == "Fill" and slot.shape.rank is not None and slot.shape[1:].is_fully_defined():
-        constant = tf.get_static_value(op.inputs[1])
-        if constant is not None:
-            return np.full(slot.shape[1:].as_list(), constant, slot.dtype.base_dtype.as_numpy_dtype)
+    if slot.shape.rank is not None and slot.shape[1:].is_fully_defined():
+        row = _constant_row(slot.initial_value)
+        if row is not None:
+            return np.broadcast_to(row, slot.shape[1:].as_list()).astype(slot.dtype.base_dtype.as_numpy_dtype)
     raise ValueError(f"hash table {table}: optimizer slot {slot.name} does not start every row at one constant "
                      "value, so a freed or new row cannot be reset to it; vocabulary policies and growing tables "
                      "support optimizers whose slots start constant (Adagrad, Adam, Momentum, Ftrl, RMSProp, ...)")
+
+
+_ARITHMETIC = {"Mul": np.multiply, "AddV2": np.add, "Add": np.add, "Sub": np.subtract, "RealDiv": np.divide}
+
+
+def _constant_row(tensor: tf.Tensor, depth: int = 0) -> Optional[np.ndarray]:
+    """The one row (or a scalar) every row of ``tensor`` holds, worked out from its graph; None when unknown.
+
+    Handles constants, ``Fill``, ``Identity`` and elementwise arithmetic of those (Ftrl's accumulator starts as
+    ``ones(shape) * initial_accumulator_value``).
+    """
+    value = tf.get_static_value(tensor)
+    if value is not None:
+        value = np.asarray(value)
+        if value.ndim == 0:
+            return value
+        if value.shape[0] > 0 and np.all(value == value[:1]):
+            return value[0]
+        return None
+    op = tensor.op
+    if depth > 8:
+        return None
+    if op.type == "Identity":
+        return _constant_row(op.inputs[0], depth + 1)
+    if op.type == "Fill":
+        constant = tf.get_static_value(op.inputs[1])
+        return None if constant is None else np.asarray(constant)
+    if op.type in _ARITHMETIC:
+        a, b = (_constant_row(t, depth + 1) for t in op.inputs)
+        return None if a is None or b is None else _ARITHMETIC[op.type](a, b)
+    return None
 
 
 def remember_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
@@ -174,8 +197,37 @@ def watch_updates(optimizer, variables: Iterable = ()):
     method = getattr(optimizer, _SPARSE_APPLY, None)
     if callable(method):
         state[_SPARSE_APPLY] = _catching_up(method)
+    if isinstance(optimizer, tf.compat.v1.train.FtrlOptimizer):
+        state["_create_slots"] = _ftrl_slots(optimizer, optimizer._create_slots)  # pylint: disable=protected-access
     state["_collective_growth_watched"] = True
     return optimizer
+
+
+def _growing(var) -> bool:
+    info = shard_of(var)
+    return getattr(info.hash_index if info is not None else None, "growth", None) is not None
+
+
+def _ftrl_slots(optimizer, create: Callable) -> Callable:
+    """``FtrlOptimizer._create_slots`` that also makes the accumulator of a table of unknown size.
+
+    TensorFlow's builds it from an initializer of the table's static shape, which a growing table lacks
+    (``get_variable`` then fails); like Adagrad's, it starts here as ``fill(shape(table), initial value)``.
+    """
+
+    @functools.wraps(create)
+    def create_slots(var_list):
+        create([v for v in var_list if not _growing(v)])
+        for var in var_list:
+            if _growing(var):
+                # pylint: disable=protected-access
+                with tf.compat.v1.colocate_with(var):
+                    start = tf.fill(tf.shape(var), tf.constant(optimizer._initial_accumulator_value,
+                                                               var.dtype.base_dtype))
+                optimizer._get_or_make_slot(var, start, "accum", optimizer._accum_name or optimizer._name)
+                optimizer._zeros_slot(var, "linear", optimizer._linear_name or optimizer._name)
+
+    return create_slots
 
 
 def _catching_up(apply: Callable) -> Callable:

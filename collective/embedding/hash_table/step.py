@@ -7,8 +7,9 @@ optimizers count their own ``iterations``), the first policy lookup creates
 it. After each update of a policy table (:func:`after_update`):
 
 - a ``tf.compat.v1.train`` optimizer increments the global step when it is
-  passed ``global_step=`` (if it is not, the step does not move and no run is
-  ever due, as in plain TensorFlow);
+  passed ``global_step=``; one not passed it is refused when the policy runs
+  at intervals (another op moving the step would race with the run's read of
+  it) or made the step, and otherwise leaves the step still;
 - a Keras optimizer whose ``iterations`` is the global step increments it;
 - a Keras optimizer with its own ``iterations``: when the policy created the
   global step, it is set to ``iterations`` after each update (the step the
@@ -60,12 +61,15 @@ def _policy_made(step) -> bool:
     return any(s is step for s in tf.compat.v1.get_collection(POLICY_STEP_COLLECTION))
 
 
-def after_update(optimizer, table: str, after: List, global_step=None) -> tf.Tensor:
+def after_update(optimizer, table: str, after: List, global_step=None, interval: bool = False) -> tf.Tensor:
     """The policy's step once ``optimizer``'s update (``after``) has run, moved as the module docstring says.
+
+    ``interval``: an eviction run at an interval reads the step after this update.
 
     Raises:
       ValueError: naming ``table`` and the optimizer, when a Keras optimizer does not move a global step the
-        program owns, or a ``tf.compat.v1.train`` optimizer is not given the global step the policy created.
+        program owns, or a ``tf.compat.v1.train`` optimizer is not given the global step the policy created, or
+        not given the program's global step while an interval run reads it.
     """
     step = step_variable(table)
     name = getattr(optimizer, "_name", None) or type(optimizer).__name__
@@ -76,6 +80,16 @@ def after_update(optimizer, table: str, after: List, global_step=None) -> tf.Ten
                     f"hash table {table}: its vocabulary policy counts the global step, and optimizer {name} is "
                     "not given one, so the step never moves and no eviction is ever due; pass "
                     "global_step=tf.compat.v1.train.get_or_create_global_step() to minimize()/apply_gradients()")
+            if global_step is None and interval:
+                raise ValueError(
+                    f"hash table {table}: its vocabulary policy runs its eviction at intervals of the global step "
+                    f"{step.op.name}, read after each update of the table, and optimizer {name} that updates it is "
+                    "not given global_step=: whatever moves the step (another optimizer's "
+                    "minimize(global_step=...), an assign_add) would run in parallel with that read, so which runs "
+                    "are due would differ between runs and workers. Pass global_step=tf.compat.v1.train."
+                    "get_global_step() to this optimizer's minimize()/apply_gradients() and not to the other "
+                    "optimizer of the same train op (the step must move once per step), or evict at checkpoints "
+                    "only (evict_every_steps=None, evict_at_checkpoint=True)")
             return _read(step)
         iterations = optimizer.iterations
         if iterations is step:
