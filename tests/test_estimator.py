@@ -304,3 +304,30 @@ def test_shard_input_reaches_the_estimator_through_every_front_door(tmp_path):
         assert (estimator._shard_input, estimator._throughput_every) == (True, 7)  # pylint: disable=protected-access
     with pytest.raises(TypeError, match="warm_start_from"):
         hb.estimator.Estimator(model_fn, str(tmp_path / "c"), warm_start_from=str(tmp_path / "a"))
+
+
+def test_plain_estimator_inside_scope_is_refused_naming_it(tmp_path):
+    """Regression: a plain tf.estimator.Estimator trained inside scope() wrote every worker's shards under the
+    whole tables' names into the same files; it is refused when it builds its model, before writing anything,
+    and works again outside the scope."""
+    from collective import CollectiveStrategy
+
+    def model_fn(features, labels, mode):
+        weight = tf.compat.v1.get_variable("w", [1], initializer=tf.compat.v1.zeros_initializer())
+        loss = tf.reduce_mean(tf.square(features["x"] * weight - labels))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                          train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                                              loss, global_step=step))
+
+    def input_fn():
+        return tf.data.Dataset.from_tensors(({"x": [[1.0]]}, [[2.0]])).repeat(2)
+
+    estimator = tf.estimator.Estimator(model_fn, str(tmp_path / "plain"))
+    with CollectiveStrategy("hb").scope():
+        with pytest.raises(TypeError, match=r"plain tensorflow_estimator\..*\.EstimatorV2 cannot build its model "
+                                            r"inside CollectiveStrategy.scope\(\).*strategy.estimator\(model_fn"):
+            estimator.train(input_fn, max_steps=1)
+    assert tf.train.latest_checkpoint(str(tmp_path / "plain")) is None
+    estimator.train(input_fn, max_steps=1)
+    assert tf.train.latest_checkpoint(str(tmp_path / "plain")).endswith("model.ckpt-1")

@@ -357,6 +357,23 @@ class _Estimator(tf.compat.v1.estimator.Estimator):
         return step
 
 
+def refuse_plain_estimator(estimator, features, labels, mode, config):
+    """``Estimator._call_model_fn`` inside ``scope()``: only ``strategy.estimator(...)`` builds a model there.
+
+    A plain Estimator would run on every worker as if it were alone: each one
+    writes its own shards of the tables under their whole names into the same
+    checkpoint files, and restoring them fails later with a misleading error.
+    """
+    if not isinstance(estimator, _Estimator):
+        raise TypeError(
+            f"a plain {type(estimator).__module__}.{type(estimator).__name__} cannot build its model inside "
+            "CollectiveStrategy.scope(): its checkpoints would hold each worker's shards under the whole tables' "
+            "names. Use strategy.estimator(model_fn, model_dir, config=..., params=...) instead (for a canned "
+            "estimator: strategy.estimator(canned.model_fn, ...)), or build the Estimator outside scope() to "
+            "train in one process")
+    return patches.original(estimator_lib.Estimator, "_call_model_fn")(estimator, features, labels, mode, config)
+
+
 class WorkersNotInStepError(RuntimeError):
     """A collective Estimator call ran on some workers only."""
 

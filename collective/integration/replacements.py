@@ -64,6 +64,14 @@ INSTALLED = [
     patches.register(tf.compat.v1.train, "MonitoredTrainingSession", session.MonitoredTrainingSession, _SESSION),
     patches.register(saver_lib, "_get_saver_or_default", session.default_saver,
                      "a default Scaffold saves whole logical tables (collective.checkpoint.Saver)"),
+    patches.register(estimator_lib.Estimator, "_call_model_fn", estimator.refuse_plain_estimator,
+                     "a plain tf.estimator.Estimator is refused when it builds its model (strategy.estimator "
+                     "builds one that saves logical tables)"),
+    *[patches.register(owner, name, session.global_variables_initializer,
+                       "the global variables' initializer also initialises the byte counter (a local variable)")
+      for owner, name in ((variables, "global_variables_initializer"),
+                          (tf.compat.v1, "global_variables_initializer"),
+                          (tf.compat.v1.initializers, "global_variables"))],
     # Unequal input.
     patches.register(batch_normalization.BatchNormalizationBase, "_support_zero_size_input",
                      sync.batch_norm_supports_empty_batches,
