@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 import tensorflow as tf
 
 from collective.embedding import modes
-from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
+from collective.embedding.table import ShardInfo, partitioned_initializer, shard_initial_value, shard_of, tag
 
 if TYPE_CHECKING:
     from collective.context import Context
@@ -255,6 +255,8 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
             return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
                           **kwargs)
         logical_init = initializer if initializer is not None else tf.compat.v1.glorot_uniform_initializer()
+        if partitioner is not None:
+            logical_init = partitioned_initializer(logical_init, partitioner, static, dtype)
 
         def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
             return shard_initial_value(logical_init, info, dtype)
