@@ -77,7 +77,8 @@ class CollectiveStrategy:
         # Keras layers (``DenseFeatures``, ``add_weight``) make variables without
         # get_variable: a variable creator shards those.
         with tables.custom_getter(tables.sharding_getter(self._context, threshold)), \
-                tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)):
+                tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)), \
+                tables.embedding_scope_block():
             yield
 
     def session_config(self, base: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collective.context import Context
 
 __all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
-           "current_shard", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
+           "current_shard", "inside_embedding_scope", "embedding_scope_block", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
 
 _local = threading.local()
 
@@ -66,6 +66,16 @@ def creating_shard(info: ShardInfo):
 def current_shard() -> Optional[ShardInfo]:
     """The shard being created now (:func:`creating_shard`), if any."""
     return getattr(_local, "shard", None)
+
+
+def inside_embedding_scope() -> bool:
+    """Whether variables made now go through ``embedding_scope()``'s getter and creator."""
+    return bool(getattr(_local, "embedding_scope", False))
+
+
+def embedding_scope_block():
+    """Marks the block as ``embedding_scope()`` (see :func:`inside_embedding_scope`)."""
+    return _set("embedding_scope", True)
 
 
 def deriving_from() -> Optional[tf.Variable]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
@@ -47,7 +48,7 @@ from collective.checkpoint import manifest
 from collective.integration import hooks as hooks_lib, session as session_lib, sync
 from collective.integration.incremental import IncrementalSaverHook
 from collective.runtime import heartbeat, preemption
-from collective.embedding import hash_table
+from collective.embedding import hash_table, tables
 from collective.tf_internals import estimator_lib, function_utils, patches
 
 logger = logging.getLogger(__name__)
@@ -207,9 +208,10 @@ class CollectiveEstimator:
                              "checkpoint (a delta). Pass a full one (estimator.latest_checkpoint()), or restore the "
                              "chain and save it whole (collective.checkpoint.Saver.save) first")
         with self._running(), heartbeat.phase("export"):
-            return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
-                                           serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
-                                           as_text=as_text)
+            with _building_model():
+                return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
+                                               serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
+                                               as_text=as_text)
 
     def _newest_step(self) -> Optional[str]:
         """The newest complete checkpoint of model_dir: its newest delta chained to the latest full one, else that."""
@@ -364,14 +366,38 @@ def refuse_plain_estimator(estimator, features, labels, mode, config):
     writes its own shards of the tables under their whole names into the same
     checkpoint files, and restoring them fails later with a misleading error.
     """
-    if not isinstance(estimator, _Estimator):
+    if isinstance(estimator, _Estimator):
+        with _building_model():
+            return patches.original(estimator_lib.Estimator, "_call_model_fn")(estimator, features, labels, mode,
+                                                                               config)
+    if not getattr(_building, "depth", 0):  # a canned estimator's model_fn inside ours is a model_fn like any other
         raise TypeError(
             f"a plain {type(estimator).__module__}.{type(estimator).__name__} cannot build its model inside "
             "CollectiveStrategy.scope(): its checkpoints would hold each worker's shards under the whole tables' "
             "names. Use strategy.estimator(model_fn, model_dir, config=..., params=...) instead (for a canned "
             "estimator: strategy.estimator(canned.model_fn, ...)), or build the Estimator outside scope() to "
             "train in one process")
+    if tables.inside_embedding_scope():
+        raise TypeError(
+            f"the model_fn of {type(estimator).__name__} cannot run inside embedding_scope(): every 2-D variable "
+            "made there becomes a sharded table, its dense kernels included. Pass it without embedding_scope(): "
+            "strategy.estimator(canned.model_fn, model_dir) trains it on every worker with its embedding columns "
+            "replicated (their gradients averaged like the dense layers'). To shard the embedding tables, write "
+            "a model_fn that makes only the embedding columns' tables inside embedding_scope() (docs/estimator.md)")
     return patches.original(estimator_lib.Estimator, "_call_model_fn")(estimator, features, labels, mode, config)
+
+
+_building = threading.local()
+
+
+@contextlib.contextmanager
+def _building_model() -> Iterator[None]:
+    """Marks the block as building a CollectiveEstimator's model (its model_fn may call a canned one's)."""
+    _building.depth = getattr(_building, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _building.depth -= 1
 
 
 class WorkersNotInStepError(RuntimeError):
