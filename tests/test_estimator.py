@@ -302,8 +302,10 @@ def test_shard_input_reaches_the_estimator_through_every_front_door(tmp_path):
             hb.estimator.Estimator(model_fn, str(tmp_path / "b"), shard_input=True, throughput_every_n_steps=7)]
     for estimator in made:
         assert (estimator._shard_input, estimator._throughput_every) == (True, 7)  # pylint: disable=protected-access
-    with pytest.raises(TypeError, match="warm_start_from"):
-        hb.estimator.Estimator(model_fn, str(tmp_path / "c"), warm_start_from=str(tmp_path / "a"))
+    warm = hb.estimator.Estimator(model_fn, str(tmp_path / "c"), warm_start_from=str(tmp_path / "a"))
+    assert warm.estimator._warm_start_settings.ckpt_to_initialize_from == str(tmp_path / "a")  # pylint: disable=protected-access
+    with pytest.raises(TypeError, match="warm_start_secs"):
+        hb.estimator.Estimator(model_fn, str(tmp_path / "d"), warm_start_secs=1)
 
 
 def test_plain_estimator_inside_scope_is_refused_naming_it(tmp_path):
@@ -353,7 +355,7 @@ def canned_runs(base: pathlib.Path):
     for n in (2, 3):
         run_workers("canned_worker.py", n, [base / f"n{n}", base / "initial", warm], timeout=600)
         runs[n] = load_rank_results(base / f"n{n}", n)
-    return reference, runs
+    return reference, runs, base
 
 
 @pytest.fixture(scope="module")
@@ -411,11 +413,16 @@ def test_canned_model_fn_inside_embedding_scope_is_refused_saying_how_to_use_it(
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_warm_starts_load_a_sharded_tables_logical_rows(canned, n):
-    """Regression: init_from_checkpoint (scope and one-to-one mappings) and warm_start into a sharded table failed
-    with a shape error quoting the shard's shape; each worker now loads its rows of the stored table."""
+    """Regression: init_from_checkpoint (scope and one-to-one mappings), warm_start and an Estimator's
+    warm_start_from into a sharded table failed with a shape error quoting the shard's shape (strategy.estimator
+    took no warm_start_from); each worker now loads its rows of the stored table."""
     from workers import canned_cases
 
     for r, result in enumerate(canned[1][n]):
         for name, seed in canned_cases.WARM.items():
             np.testing.assert_array_equal(result[f"warm/{name}"], canned_cases.warm_values(seed)[r::n],
                                           err_msg=f"{name} on rank {r}")
+    # strategy.estimator(..., warm_start_from=WarmStartSettings(...)): trained at learning rate 0, the logical
+    # checkpoint holds the warm-started table.
+    trained = tf.train.latest_checkpoint(str(canned[2] / f"n{n}" / "warm_estimator"))
+    np.testing.assert_array_equal(tf.compat.v1.train.load_variable(trained, "ws/t1"), canned_cases.warm_values(1))

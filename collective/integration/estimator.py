@@ -57,12 +57,12 @@ ModeKeys = tf.estimator.ModeKeys
 
 def build_estimator(strategy, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
                     throughput_every_n_steps: Optional[int] = None, incremental_save_steps: Optional[int] = None,
-                    incremental_save_secs: Optional[float] = None) -> "CollectiveEstimator":
+                    incremental_save_secs: Optional[float] = None, warm_start_from=None) -> "CollectiveEstimator":
     """The Estimator ``CollectiveStrategy.estimator`` returns (see :class:`CollectiveEstimator`)."""
     return CollectiveEstimator(strategy, model_fn, model_dir, config=config, params=params,
                                shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps,
                                incremental_save_steps=incremental_save_steps,
-                               incremental_save_secs=incremental_save_secs)
+                               incremental_save_secs=incremental_save_secs, warm_start_from=warm_start_from)
 
 
 def shared_temporary_model_dir() -> str:
@@ -100,11 +100,16 @@ class CollectiveEstimator:
         (at most one of them; see docs/checkpoints.md). Full checkpoints
         follow ``config`` as usual; without one yet, the first delta due
         writes a full checkpoint instead.
+      warm_start_from: as ``tf.estimator.Estimator``'s (a checkpoint or
+        model_dir, or a ``tf.estimator.WarmStartSettings``); sharded tables
+        load their rows of the stored logical tables
+        (:mod:`collective.integration.warm_start`).
     """
 
     def __init__(self, strategy, model_fn: Callable, model_dir: Optional[str], config=None, params=None, *,
                  shard_input: bool = False, throughput_every_n_steps: Optional[int] = None,
-                 incremental_save_steps: Optional[int] = None, incremental_save_secs: Optional[float] = None):
+                 incremental_save_steps: Optional[int] = None, incremental_save_secs: Optional[float] = None,
+                 warm_start_from=None):
         if incremental_save_steps is not None and incremental_save_secs is not None:
             raise ValueError("strategy.estimator: give at most one of incremental_save_steps and "
                              f"incremental_save_secs (got {incremental_save_steps!r} and {incremental_save_secs!r})")
@@ -124,7 +129,8 @@ class CollectiveEstimator:
             # Estimator and MonitoredTrainingSession add summary, step-counter and logging hooks from these.
             worker_config = worker_config.replace(save_summary_steps=0, log_step_count_steps=None)
         self._estimator = _Estimator(
-            model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params)
+            model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params,
+            warm_start_from=warm_start_from)
 
     # ------------------------------------------------------------ properties
 

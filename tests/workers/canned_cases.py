@@ -93,6 +93,20 @@ def in_embedding_scope(strategy, estimator):
     return model_fn
 
 
+def warm_table_model_fn(strategy):
+    """A model_fn over the sharded table ``ws/t1`` that training leaves as it starts (learning rate 0)."""
+    def model_fn(features, labels, mode):  # pylint: disable=unused-argument
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("ws/t1", [VOCAB, EMB_DIM])
+        emb = tf.nn.embedding_lookup(table, tf.reshape(features["item"], [-1]))
+        loss = tf.reduce_mean(tf.square(emb))
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.0).minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"emb": emb})
+
+    return model_fn
+
+
 def warm_values(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 1, (VOCAB, EMB_DIM)).astype(np.float32)
 

@@ -47,6 +47,12 @@ with strategy.scope(), tf.Graph().as_default():
         for name, table in tables.items():
             results[f"warm/{name}"] = sess.run(table)
 
+# Estimator's warm_start_from through strategy.estimator.
+warm_estimator = strategy.estimator(
+    cases.warm_table_model_fn(strategy), os.path.join(out_dir, "warm_estimator"),
+    warm_start_from=tf.estimator.WarmStartSettings(warm_checkpoint, vars_to_warm_start="ws/.*"))
+warm_estimator.train(cases.train_input_fn(r, n), max_steps=1)
+
 np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)
 
 # Evaluation last: until Keras metrics are reduced by identity (issue 41, defect 1) it fails on every worker.
