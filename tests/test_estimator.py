@@ -422,6 +422,8 @@ def test_warm_starts_load_a_sharded_tables_logical_rows(canned, n):
         for name, seed in canned_cases.WARM.items():
             np.testing.assert_array_equal(result[f"warm/{name}"], canned_cases.warm_values(seed)[r::n],
                                           err_msg=f"{name} on rank {r}")
+        assert "cannot warm-start the sharded table 'wider' [6, 2] from 'ws/t1' of shape [5, 2]" in str(
+            result["warm_refusal"]), str(result.get("warm_refusal"))
     # strategy.estimator(..., warm_start_from=WarmStartSettings(...)): trained at learning rate 0, the logical
     # checkpoint holds the warm-started table.
     trained = tf.train.latest_checkpoint(str(canned[2] / f"n{n}" / "warm_estimator"))

@@ -18,7 +18,7 @@ from collections import abc
 import tensorflow as tf
 
 from collective.embedding.table import shard_of
-from collective.tf_internals import checkpoint_utils, io_ops, patches
+from collective.tf_internals import checkpoint_utils, io_ops, patches, set_initializer
 
 
 def _table(target):
@@ -35,23 +35,27 @@ def _stored(name: str):
 
 
 def _load_rows(table, ckpt_file: str, tensor_name: str) -> None:
-    """Sets ``table``'s initializer to its rows of the logical tensor ``tensor_name`` of ``ckpt_file``."""
+    """Sets ``table``'s initializer to its rows of the logical tensor ``tensor_name`` of ``ckpt_file``.
+
+    Refused before any op is built: a hash-table vocabulary, and a stored
+    tensor whose shape is not the table's logical shape.
+    """
     info = shard_of(table)
     if info.hash_index is not None:
         raise ValueError(f"init_from_checkpoint / warm_start_from cannot load the hash-table vocabulary "
                          f"'{info.name}': its rows are keyed, not positioned. Restore it with "
                          "collective.checkpoint.Saver (or a resumed model_dir) instead")
+    stored = checkpoint_utils.load_checkpoint(ckpt_file).get_variable_to_shape_map().get(tensor_name)
+    if stored is None or list(stored) != list(info.logical_shape):
+        raise ValueError(f"cannot warm-start the sharded table '{info.name}' {list(info.logical_shape)} from "
+                         f"'{tensor_name}' of shape {stored} in {ckpt_file}: the stored tensor must be the whole "
+                         "table (a checkpoint of the same vocabulary and dimension)")
     with tf.device("/cpu:0"):
         whole = io_ops.restore_v2(ckpt_file, [tensor_name], [""], [table.dtype.base_dtype],
                                   name="checkpoint_initializer")[0]
-    stored = whole.shape
-    if stored.rank is not None and stored.rank != 2 or stored.rank == 2 and stored.is_fully_defined() and (
-            tuple(stored.as_list()) != tuple(info.logical_shape)):
-        raise ValueError(f"cannot warm-start the sharded table '{info.name}' {list(info.logical_shape)} from "
-                         f"'{tensor_name}' of shape {stored} in {ckpt_file}")
     rows = info.layout.local_part(whole)
     rows.set_shape(table.shape)
-    table._initializer_op = table.assign(rows, read_value=False)  # pylint: disable=protected-access
+    set_initializer(table, table.assign(rows, read_value=False))
     table._initial_value = rows  # pylint: disable=protected-access
 
 

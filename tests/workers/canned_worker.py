@@ -42,6 +42,12 @@ with strategy.scope(), tf.Graph().as_default():
     tf.compat.v1.train.init_from_checkpoint(warm_checkpoint, {"ws/": "ws/"})
     tf.compat.v1.train.init_from_checkpoint(warm_checkpoint, {"ws3/t3": tables["ws3/t3"]})
     tf.compat.v1.train.warm_start(warm_checkpoint, vars_to_warm_start="ws4/.*")
+    with strategy.embedding_scope():
+        wider = tf.compat.v1.get_variable("wider", [cases.VOCAB + 1, cases.EMB_DIM])
+    try:
+        tf.compat.v1.train.init_from_checkpoint(warm_checkpoint, {"ws/t1": wider})
+    except ValueError as err:
+        results["warm_refusal"] = np.array(str(err))
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for name, table in tables.items():
