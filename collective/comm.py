@@ -98,6 +98,13 @@ def bytes_counter() -> tf.Variable:
                 collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES, BYTES_COLLECTION])
 
 
+def graph_counters() -> list:
+    """The byte counters of the default graph (none before its first counted collective, none in eager mode)."""
+    if tf.executing_eagerly():
+        return []
+    return tf.compat.v1.get_collection(BYTES_COLLECTION)
+
+
 def _unfoldable(tensor: tf.Tensor) -> tf.Tensor:
     """``tensor`` behind an op Grappler's constant folding never evaluates.
 

@@ -77,7 +77,8 @@ class CollectiveStrategy:
         # Keras layers (``DenseFeatures``, ``add_weight``) make variables without
         # get_variable: a variable creator shards those.
         with tables.custom_getter(tables.sharding_getter(self._context, threshold)), \
-                tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)):
+                tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)), \
+                tables.embedding_scope_block():
             yield
 
     def session_config(self, base: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:
@@ -99,20 +100,21 @@ class CollectiveStrategy:
 
     def estimator(self, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
                   throughput_every_n_steps: Optional[int] = None, incremental_save_steps: Optional[int] = None,
-                  incremental_save_secs: Optional[float] = None):
+                  incremental_save_secs: Optional[float] = None, warm_start_from=None):
         """An Estimator that trains, evaluates, predicts and exports on every worker (see ``collective.integration.estimator``).
 
         ``shard_input=True`` keeps every N-th batch of what ``input_fn`` returns on each worker;
         ``throughput_every_n_steps`` is the interval of the default throughput hook;
         ``incremental_save_steps`` or ``incremental_save_secs`` add incremental checkpoints (deltas)
-        between the full ones (:class:`collective.integration.estimator.CollectiveEstimator`).
+        between the full ones (:class:`collective.integration.estimator.CollectiveEstimator`);
+        ``warm_start_from`` is ``tf.estimator.Estimator``'s: sharded tables load their rows of the stored tables.
         """
         from collective.integration.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 
         return build_estimator(self, model_fn, model_dir, config=config, params=params, shard_input=shard_input,
                                throughput_every_n_steps=throughput_every_n_steps,
                                incremental_save_steps=incremental_save_steps,
-                               incremental_save_secs=incremental_save_secs)
+                               incremental_save_secs=incremental_save_secs, warm_start_from=warm_start_from)
 
     def export_saved_model(self, export_dir_base, checkpoint_path, signature_def_fn):
         """Rank 0 writes a SavedModel with whole tables that plain TensorFlow serves (see ``collective.integration.export``)."""

@@ -14,6 +14,8 @@ import tensorflow as tf
 
 from collective import CollectiveStrategy
 from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
+from collective.checkpoint.layout import block_bounds, restore_rows
+from collective.embedding.layout import ShardLayout
 
 from graphs import while_loops
 from launcher import run_workers
@@ -120,6 +122,21 @@ def test_restore_ops_share_one_loop_whatever_the_number_of_tables(tmp_path):
             saver.restore(sess, path)
             for table, want in zip(tables, values):
                 np.testing.assert_array_equal(sess.run(table), want, err_msg=table.op.name)
+
+
+@pytest.mark.parametrize("vocab, writers", [(4, 3), (5, 3), (3, 2), (8, 8), (9, 8)])
+def test_small_tables_restore_their_rows_when_a_stored_block_holds_none_of_them(tmp_path, vocab, writers):
+    """Regression: a stored block shorter than the restoring world size (tables of 4 or 5 rows written by 3
+    workers, of 3 rows written by 2 and read by 3) failed with "Requires start <= limit" on the ranks owning
+    none of its rows."""
+    values = np.arange(vocab * 2, dtype=np.float32).reshape(vocab, 2)
+    prefix = str(tmp_path / "small")
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["table"], shape_and_slices=[""], tensors=[values])
+    splits = block_bounds(vocab, writers)
+    for m in sorted({writers, 3}):
+        for rank in range(m):
+            rows = restore_rows(prefix, "table", splits, [vocab, 2], tf.float32, ShardLayout(rank, m))
+            np.testing.assert_array_equal(rows.numpy(), values[rank::m], err_msg=f"rank {rank} of {m}")
 
 
 def _events(directory: pathlib.Path):

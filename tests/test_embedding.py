@@ -112,6 +112,28 @@ def test_weight_sums_at_or_below_zero_divide_as_tensorflow(sharded_run):
         np.testing.assert_allclose(res[r]["signed_sqrtn"][1], (table[7] - table[2]) / np.sqrt(2.0), rtol=1e-5)
 
 
+def test_ragged_ids_keep_their_rows(sharded_run):
+    """Regression: tf.nn.embedding_lookup and a Keras Embedding on ragged ids failed at graph build on a sharded
+    table (TensorFlow dispatches ragged ids from its own lookup only)."""
+    _, n, res = sharded_run
+    for r in range(n):
+        dense, (rows, ids, _), _ = cases.local_batch(0, r, n)
+        for key, table in (("ragged", cases.table_values(1)), ("keras_ragged", cases.table_values(5))):
+            expected = np.zeros((len(dense), np.bincount(rows).max(), cases.DIM), np.float32)
+            position = np.concatenate([np.arange(c) for c in np.bincount(rows, minlength=len(dense))])
+            expected[rows, position] = table[ids]
+            np.testing.assert_allclose(res[r][key], expected, rtol=1e-6, err_msg=key)
+
+
+def test_partitioned_seeded_table_starts_as_one_process(sharded_run):
+    """Regression: a partitioned table with a seeded random initializer started from another table than one
+    process's (plain TensorFlow calls the initializer once per partition)."""
+    backend, n, res = sharded_run
+    full = cases.seeded_partitioned_table()
+    for r in range(n):
+        np.testing.assert_allclose(res[r]["seeded_shard"], held(full, backend, r, n), rtol=1e-6)
+
+
 def test_safe_lookup_and_feature_column_equal_numpy(sharded_run):
     _, n, res = sharded_run
     for r in range(n):

@@ -71,6 +71,7 @@ class ShardLayout:
 
 def positions_in_block(lo: tf.Tensor, hi: tf.Tensor, first, step) -> tf.Tensor:
     """Positions within the logical block ``[lo, hi)`` of rows ``first, first + step, ...`` (int64; the
-    arguments may be tensors)."""
-    start = tf.math.floormod(tf.cast(first, tf.int64) - lo, tf.cast(step, tf.int64))
-    return tf.range(start, hi - lo, step, dtype=tf.int64)
+    arguments may be tensors). Empty when the block holds none of them (a block shorter than ``step``)."""
+    size = hi - lo
+    start = tf.minimum(tf.math.floormod(tf.cast(first, tf.int64) - lo, tf.cast(step, tf.int64)), size)
+    return tf.range(start, size, step, dtype=tf.int64)

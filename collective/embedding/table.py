@@ -96,14 +96,45 @@ def _constant_value(initializer: Any) -> Optional[np.ndarray]:
     return np.asarray(value)
 
 
-def _call_initializer(initializer: Callable, shape, dtype, full_shape) -> tf.Tensor:
+def _call_initializer(initializer: Callable, shape, dtype, full_shape, offset=(0, 0)) -> tf.Tensor:
     try:
         from collective.tf_internals import PartitionInfo as _PartitionInfo  # pylint: disable=import-outside-toplevel
 
         # TF1 variance-scaling initialisers take their scale from the full shape.
-        return initializer(shape, dtype=dtype, partition_info=_PartitionInfo(list(full_shape), [0, 0]))
+        return initializer(shape, dtype=dtype, partition_info=_PartitionInfo(list(full_shape), list(offset)))
     except TypeError:
         return initializer(shape, dtype=dtype)
+
+
+def partition_sizes(rows: int, parts: int) -> list:
+    """Rows of each of ``parts`` row partitions of a ``rows``-row variable, as ``get_variable`` slices them."""
+    return [rows // parts + int(i < rows % parts) for i in range(parts)]
+
+
+def partitioned_initializer(initializer: Callable, partitioner: Callable, shape, dtype: tf.DType) -> Callable:
+    """``initializer`` as ``get_variable(..., partitioner=partitioner)`` applies it: once per row partition.
+
+    Plain TensorFlow calls the initializer for each partition with the
+    partition's shape, so a seeded random initializer starts every partition
+    from the same stream: the logical table is the partitions' values one
+    after another. Constant initializers, tables initialised row by row
+    (over ``WHOLE_TABLE_INIT_BYTES``) and unpartitioned shapes keep ``initializer``.
+    """
+    vocab, dim = int(shape[0]), int(shape[1])
+    dtype = tf.as_dtype(dtype)
+    if _constant_value(initializer) is not None or vocab * dim * dtype.size > WHOLE_TABLE_INIT_BYTES:
+        return initializer
+    slices = [int(s) for s in partitioner(shape=tf.TensorShape([vocab, dim]), dtype=dtype)]
+    if len(slices) != 2 or slices[1] != 1 or not 1 < slices[0] <= vocab:
+        return initializer
+    sizes = partition_sizes(vocab, slices[0])
+
+    def per_partition(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
+        offsets = np.cumsum([0] + sizes[:-1])
+        return tf.concat([_call_initializer(initializer, [size, dim], dtype, [vocab, dim], (int(offset), 0))
+                          for size, offset in zip(sizes, offsets)], axis=0)
+
+    return per_partition
 
 
 def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType) -> tf.Tensor:

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
 import tensorflow as tf
 
 from collective.embedding import modes
-from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
+from collective.embedding.table import ShardInfo, partitioned_initializer, shard_initial_value, shard_of, tag
 
 if TYPE_CHECKING:
     from collective.context import Context
 
 __all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
-           "current_shard", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
+           "current_shard", "inside_embedding_scope", "embedding_scope_block", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
 
 _local = threading.local()
 
@@ -66,6 +66,16 @@ def creating_shard(info: ShardInfo):
 def current_shard() -> Optional[ShardInfo]:
     """The shard being created now (:func:`creating_shard`), if any."""
     return getattr(_local, "shard", None)
+
+
+def inside_embedding_scope() -> bool:
+    """Whether variables made now go through ``embedding_scope()``'s getter and creator."""
+    return bool(getattr(_local, "embedding_scope", False))
+
+
+def embedding_scope_block():
+    """Marks the block as ``embedding_scope()`` (see :func:`inside_embedding_scope`)."""
+    return _set("embedding_scope", True)
 
 
 def deriving_from() -> Optional[tf.Variable]:
@@ -266,6 +276,8 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
             return getter(name, shape=shape, dtype=dtype, initializer=initializer,
                           partitioner=_whole_in_export(static, partitioner, ctx), **kwargs)
         logical_init = initializer if initializer is not None else tf.compat.v1.glorot_uniform_initializer()
+        if partitioner is not None:
+            logical_init = partitioned_initializer(logical_init, partitioner, static, dtype)
 
         def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
             return shard_initial_value(logical_init, info, dtype)

@@ -22,10 +22,10 @@ def Estimator(model_fn: Callable, model_dir: Optional[str] = None, config=None, 
     Without ``model_dir`` (here or in ``config``), worker 0 makes a temporary
     directory and every worker uses it, as ``tf.estimator.Estimator`` makes one
     per process (on several hosts pass a model_dir on a shared file system).
-    ``shard_input``, ``throughput_every_n_steps``, ``incremental_save_steps`` and
-    ``incremental_save_secs`` are passed to
+    ``shard_input``, ``throughput_every_n_steps``, ``incremental_save_steps``,
+    ``incremental_save_secs`` and ``warm_start_from`` are passed to
     :class:`collective.integration.estimator.CollectiveEstimator`; any other keyword argument
-    (``tf.estimator.Estimator``'s ``warm_start_from``...) is refused with a ``TypeError``.
+    is refused with a ``TypeError``.
     """
     from collective.integration.estimator import build_estimator  # pylint: disable=import-outside-toplevel
 

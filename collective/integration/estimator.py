@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import tensorflow as tf
@@ -47,7 +48,7 @@ from collective.checkpoint import manifest
 from collective.integration import hooks as hooks_lib, session as session_lib, sync
 from collective.integration.incremental import IncrementalSaverHook
 from collective.runtime import heartbeat, preemption
-from collective.embedding import hash_table
+from collective.embedding import hash_table, tables
 from collective.tf_internals import estimator_lib, function_utils, patches
 
 logger = logging.getLogger(__name__)
@@ -56,12 +57,12 @@ ModeKeys = tf.estimator.ModeKeys
 
 def build_estimator(strategy, model_fn, model_dir, config=None, params=None, *, shard_input: bool = False,
                     throughput_every_n_steps: Optional[int] = None, incremental_save_steps: Optional[int] = None,
-                    incremental_save_secs: Optional[float] = None) -> "CollectiveEstimator":
+                    incremental_save_secs: Optional[float] = None, warm_start_from=None) -> "CollectiveEstimator":
     """The Estimator ``CollectiveStrategy.estimator`` returns (see :class:`CollectiveEstimator`)."""
     return CollectiveEstimator(strategy, model_fn, model_dir, config=config, params=params,
                                shard_input=shard_input, throughput_every_n_steps=throughput_every_n_steps,
                                incremental_save_steps=incremental_save_steps,
-                               incremental_save_secs=incremental_save_secs)
+                               incremental_save_secs=incremental_save_secs, warm_start_from=warm_start_from)
 
 
 def shared_temporary_model_dir() -> str:
@@ -99,11 +100,16 @@ class CollectiveEstimator:
         (at most one of them; see docs/checkpoints.md). Full checkpoints
         follow ``config`` as usual; without one yet, the first delta due
         writes a full checkpoint instead.
+      warm_start_from: as ``tf.estimator.Estimator``'s (a checkpoint or
+        model_dir, or a ``tf.estimator.WarmStartSettings``); sharded tables
+        load their rows of the stored logical tables
+        (:mod:`collective.integration.warm_start`).
     """
 
     def __init__(self, strategy, model_fn: Callable, model_dir: Optional[str], config=None, params=None, *,
                  shard_input: bool = False, throughput_every_n_steps: Optional[int] = None,
-                 incremental_save_steps: Optional[int] = None, incremental_save_secs: Optional[float] = None):
+                 incremental_save_steps: Optional[int] = None, incremental_save_secs: Optional[float] = None,
+                 warm_start_from=None):
         if incremental_save_steps is not None and incremental_save_secs is not None:
             raise ValueError("strategy.estimator: give at most one of incremental_save_steps and "
                              f"incremental_save_secs (got {incremental_save_steps!r} and {incremental_save_secs!r})")
@@ -123,7 +129,8 @@ class CollectiveEstimator:
             # Estimator and MonitoredTrainingSession add summary, step-counter and logging hooks from these.
             worker_config = worker_config.replace(save_summary_steps=0, log_step_count_steps=None)
         self._estimator = _Estimator(
-            model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params)
+            model_fn=self._model_fn, model_dir=model_dir, config=worker_config, params=params,
+            warm_start_from=warm_start_from)
 
     # ------------------------------------------------------------ properties
 
@@ -207,9 +214,10 @@ class CollectiveEstimator:
                              "checkpoint (a delta). Pass a full one (estimator.latest_checkpoint()), or restore the "
                              "chain and save it whole (collective.checkpoint.Saver.save) first")
         with self._running(), heartbeat.phase("export"):
-            return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
-                                           serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
-                                           as_text=as_text)
+            with _building_model():
+                return export.export_estimator(self._user_model_fn, self.params, self.config, export_dir_base,
+                                               serving_input_receiver_fn, checkpoint_path, assets_extra=assets_extra,
+                                               as_text=as_text)
 
     def _newest_step(self) -> Optional[str]:
         """The newest complete checkpoint of model_dir: its newest delta chained to the latest full one, else that."""
@@ -355,6 +363,47 @@ class _Estimator(tf.compat.v1.estimator.Estimator):
         step = super()._create_and_assert_global_step(graph)
         session_lib.ensure_global_step_read(graph)
         return step
+
+
+def refuse_plain_estimator(estimator, features, labels, mode, config):
+    """``Estimator._call_model_fn`` inside ``scope()``: only ``strategy.estimator(...)`` builds a model there.
+
+    A plain Estimator would run on every worker as if it were alone: each one
+    writes its own shards of the tables under their whole names into the same
+    checkpoint files, and restoring them fails later with a misleading error.
+    """
+    if isinstance(estimator, _Estimator):
+        with _building_model():
+            return patches.original(estimator_lib.Estimator, "_call_model_fn")(estimator, features, labels, mode,
+                                                                               config)
+    if not getattr(_building, "depth", 0):  # a canned estimator's model_fn inside ours is a model_fn like any other
+        raise TypeError(
+            f"a plain {type(estimator).__module__}.{type(estimator).__name__} cannot build its model inside "
+            "CollectiveStrategy.scope(): its checkpoints would hold each worker's shards under the whole tables' "
+            "names. Use strategy.estimator(model_fn, model_dir, config=..., params=...) instead (for a canned "
+            "estimator: strategy.estimator(canned.model_fn, ...)), or build the Estimator outside scope() to "
+            "train in one process")
+    if tables.inside_embedding_scope():
+        raise TypeError(
+            f"the model_fn of {type(estimator).__name__} cannot run inside embedding_scope(): every 2-D variable "
+            "made there becomes a sharded table, its dense kernels included. Pass it without embedding_scope(): "
+            "strategy.estimator(canned.model_fn, model_dir) trains it on every worker with its embedding columns "
+            "replicated (their gradients averaged like the dense layers'). To shard the embedding tables, write "
+            "a model_fn that makes only the embedding columns' tables inside embedding_scope() (docs/estimator.md)")
+    return patches.original(estimator_lib.Estimator, "_call_model_fn")(estimator, features, labels, mode, config)
+
+
+_building = threading.local()
+
+
+@contextlib.contextmanager
+def _building_model() -> Iterator[None]:
+    """Marks the block as building a CollectiveEstimator's model (its model_fn may call a canned one's)."""
+    _building.depth = getattr(_building, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _building.depth -= 1
 
 
 class WorkersNotInStepError(RuntimeError):

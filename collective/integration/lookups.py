@@ -34,7 +34,15 @@ def _clip(vectors: tf.Tensor, max_norm) -> tf.Tensor:
 
 @tf.autograph.experimental.do_not_convert
 def embedding_lookup(params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None):
-    """``tf.compat.v1.nn.embedding_lookup`` (and, through it, the v2 name)."""
+    """``tf.compat.v1.nn.embedding_lookup`` (and, through it, the v2 name).
+
+    Ragged ids (TensorFlow dispatches them to its ragged lookup from the
+    original function only) look up their flat values and keep their row splits.
+    """
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_flat_values(embedding_lookup(params, ids.flat_values, partition_strategy=partition_strategy,
+                                                     name=name, validate_indices=validate_indices,
+                                                     max_norm=max_norm))
     table, info = _sharded(params)
     if table is None:
         out = patches.original(embedding_ops, "embedding_lookup")(

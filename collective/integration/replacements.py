@@ -31,10 +31,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from collective.embedding import gradient_norms
-from collective.integration import column_lookups, estimator, lookups, session, sync, training
-from collective.tf_internals import (batch_normalization, clip_ops, dense_features, embedding_ops, estimator_lib,
-                                     feature_column_v1, keras_compute_gradients, keras_optimizers, monitored_session,
-                                     optimizer_lib, patches, saver_lib, variable_v1, variables)
+from collective.integration import column_lookups, estimator, lookups, session, sync, training, warm_start
+from collective.tf_internals import (batch_normalization, checkpoint_utils, clip_ops, dense_features, embedding_ops,
+                                     estimator_lib, feature_column_v1, keras_compute_gradients, keras_optimizers,
+                                     monitored_session, optimizer_lib, patches, saver_lib, variable_v1, variables)
 
 _SESSION = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
             "writes summaries")
@@ -64,6 +64,20 @@ INSTALLED = [
     patches.register(tf.compat.v1.train, "MonitoredTrainingSession", session.MonitoredTrainingSession, _SESSION),
     patches.register(saver_lib, "_get_saver_or_default", session.default_saver,
                      "a default Scaffold saves whole logical tables (collective.checkpoint.Saver)"),
+    patches.register(estimator_lib.Estimator, "_call_model_fn", estimator.refuse_plain_estimator,
+                     "a plain tf.estimator.Estimator is refused when it builds its model (strategy.estimator "
+                     "builds one that saves logical tables)"),
+    *[patches.register(owner, name, session.global_variables_initializer,
+                       "the global variables' initializer also initialises the byte counter (a local variable)")
+      for owner, name in ((variables, "global_variables_initializer"),
+                          (tf.compat.v1, "global_variables_initializer"),
+                          (tf.compat.v1.initializers, "global_variables"))],
+    # Warm starts.
+    patches.register(checkpoint_utils, "_init_from_checkpoint", warm_start.init_from_checkpoint,
+                     "init_from_checkpoint / warm_start_from: one-to-one mappings onto sharded tables load their rows "
+                     "of the stored logical table"),
+    patches.register(checkpoint_utils, "_set_checkpoint_initializer", warm_start.set_checkpoint_initializer,
+                     "the same for sharded tables reached by scope mappings ({'/': '/'})"),
     # Unequal input.
     patches.register(batch_normalization.BatchNormalizationBase, "_support_zero_size_input",
                      sync.batch_norm_supports_empty_batches,

@@ -24,7 +24,8 @@ from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
 from collective.integration.incremental import IncrementalSaverHook
-from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
+from collective.tf_internals import (basic_session_run_hooks, monitored_session, patches, saver_lib, training_util,
+                                     variables)
 
 logger = logging.getLogger("collective.integration.session")
 
@@ -153,6 +154,18 @@ class CheckpointSaverHook(basic_session_run_hooks.CheckpointSaverHook):
             if listener.after_save(session, step):
                 should_stop = True
         return should_stop
+
+
+def global_variables_initializer() -> tf.Operation:
+    """``tf.compat.v1.global_variables_initializer`` that also initialises this graph's byte counter.
+
+    The counter is a local variable (never checkpointed, never broadcast), so
+    a program that runs only the global initializer would otherwise fail in
+    its first collective with "Resource .../collective_bytes_sent does not exist".
+    """
+    if tf.executing_eagerly():
+        return patches.original(variables, "global_variables_initializer")()
+    return tf.compat.v1.variables_initializer(tf.compat.v1.global_variables() + comm.graph_counters())
 
 
 def ensure_global_step_read(graph: Optional[tf.Graph] = None) -> Optional[tf.Tensor]:

@@ -27,6 +27,8 @@ name here                    what for                                           
 ``saver_lib``                ``Saver``, ``BulkSaverBuilder``,                          checkpoint.saver, session
                              ``_get_saver_or_default``
 ``checkpoint_management``    checkpoint state file and meta-graph names                checkpoint.saver
+``checkpoint_utils``         ``init_from_checkpoint``'s internals (warm starts of      warm_start
+                             sharded tables)
 ``io_ops``                   ``save_v2``, ``restore_v2``, ``merge_v2_checkpoints``     checkpoint.saver,
                                                                                        checkpoint.layout,
                                                                                        checkpoint.hash_tables
@@ -130,6 +132,7 @@ from tensorflow.python.ops import clip_ops, embedding_ops, io_ops, variable_v1, 
 from tensorflow.python.ops.variable_scope import _PartitionInfo as PartitionInfo  # noqa: E402
 from tensorflow.python.saved_model.model_utils import export_utils  # noqa: E402
 from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util  # noqa: E402
+from tensorflow.python.training import checkpoint_utils  # noqa: E402
 from tensorflow.python.training import optimizer as optimizer_lib  # noqa: E402
 from tensorflow.python.training import saver as saver_lib  # noqa: E402
 from tensorflow.python.training.saving import saveable_object_util  # noqa: E402
@@ -176,7 +179,8 @@ def extending(graph: tensorflow.Graph):
 
 __all__ = [
     "SUPPORTED", "check_versions", "all_saveable_objects", "control_flow_context", "extending", "set_initializer",
-    "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "clip_ops", "compat",
+    "PartitionInfo", "basic_session_run_hooks", "batch_normalization", "checkpoint_management", "checkpoint_utils",
+    "clip_ops", "compat",
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
     "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",
     "monitored_session", "nest", "optimizer_lib",

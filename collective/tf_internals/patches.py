@@ -32,6 +32,13 @@ and ``compute_gradients`` (training)
                                                           summaries
 ``saver._get_saver_or_default`` (session)                 a default ``Scaffold`` saves whole logical tables
                                                           (``collective.checkpoint.Saver``)
+``variables.global_variables_initializer`` (and the       also initialises the byte counter (a local
+``tf.compat.v1`` names) (session)                         variable), so the global initializer alone suffices
+``Estimator._call_model_fn`` (estimator)                  a plain ``tf.estimator.Estimator`` is refused when it
+                                                          builds its model (``strategy.estimator`` instead), a
+                                                          canned model_fn inside ``embedding_scope()`` too
+``checkpoint_utils._init_from_checkpoint``,               ``init_from_checkpoint`` and ``warm_start_from``: a
+``_set_checkpoint_initializer`` (warm_start)              sharded table loads its rows of the stored table
 ``feature_column._internal_input_layer``                  ``input_layer``: sharded lookups of all columns in
 (column_lookups)                                         one grouped exchange
 ``DenseFeatures.call`` (Keras, v1 and v2)                 the same for Keras ``DenseFeatures``

@@ -11,10 +11,22 @@ import numpy as np
 import tensorflow as tf
 
 VOCAB, DIM, BATCH, STEPS = 23, 4, 12, 3
+SEEDED_PARTITIONS = 3
 # The matrix (tests/test_matrix.py) trains every tf.compat.v1.train optimizer on every entry point; here:
 # a user's subclass, and "AdamInScope": Adam whose minimize runs inside embedding_scope (its slots must not be
 # sharded again). make_optimizer() knows the others too.
 OPTIMIZERS = ("UserSubclass", "AdamInScope")
+
+
+def seeded_partitioned_table() -> np.ndarray:
+    """What plain TensorFlow initialises a partitioned table with a seeded random initializer to (one process)."""
+    with tf.Graph().as_default():
+        var = tf.compat.v1.get_variable(
+            "seeded", [VOCAB, DIM], initializer=tf.compat.v1.random_uniform_initializer(seed=11),
+            partitioner=tf.compat.v1.fixed_size_partitioner(SEEDED_PARTITIONS))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return sess.run(var.as_tensor())
 
 
 def table_values(seed: int) -> np.ndarray:

@@ -63,10 +63,23 @@ def run(backend):
                 combiner="sqrtn", initializer=tf.compat.v1.constant_initializer(cases.table_values(2)))
             with strategy.embedding_scope():
                 fetch["feature_column"] = tf.compat.v1.feature_column.input_layer({"item": sp_ids}, [column])
+            # Ragged ids: tf.nn.embedding_lookup and a Keras Embedding keep the row splits.
+            ragged = tf.RaggedTensor.from_value_rowids(tf.constant(ids), tf.constant(rows), nrows=len(dense))
+            fetch["ragged"] = tf.nn.embedding_lookup(table, ragged).to_tensor()
+            with strategy.embedding_scope():
+                keras_embedding = tf.keras.layers.Embedding(
+                    cases.VOCAB, cases.DIM, embeddings_initializer=tf.keras.initializers.Constant(cases.table_values(5)))
+                fetch["keras_ragged"] = keras_embedding(ragged).to_tensor()
+                # A partitioned table with a seeded random initializer: plain TF initialises each partition.
+                seeded = tf.compat.v1.get_variable(
+                    "seeded", [cases.VOCAB, cases.DIM], initializer=tf.compat.v1.random_uniform_initializer(seed=11),
+                    partitioner=tf.compat.v1.fixed_size_partitioner(cases.SEEDED_PARTITIONS))
             with tf.compat.v1.Session() as sess:
-                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                # The global initializer alone (the byte counter is a local variable) suffices.
+                sess.run(tf.compat.v1.global_variables_initializer())
                 results.update(sess.run(fetch))
                 results["table_shard"] = sess.run(table)
+                results["seeded_shard"] = sess.run(seeded)
                 for key, var in pretrained.items():
                     results[f"{key}_shard"] = sess.run(var)
                     results[f"{key}_dense"] = sess.run(tf.nn.embedding_lookup(var, dense))
