@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from collective.context import Context
 
 __all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
-           "current_shard", "inside_embedding_scope", "embedding_scope_block", "deriving", "deriving_from", "watch_slots", "slot_owner", "sharded_regularizer"]
+           "current_shard", "inside_embedding_scope", "embedding_scope_block", "deriving", "deriving_from",
+           "watch_slots", "slot_owner", "sharded_regularizer"]
 
 _local = threading.local()
 
