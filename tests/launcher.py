@@ -86,14 +86,38 @@ class _WarmLauncher:
             self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def run(self, cmd: List[str], env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)`` for a launcher command."""
+    def _request(self, cmd: List[str], env: Dict[str, str], out_fd: int, err_fd: int) -> socket.socket:
+        """Asks the server to fork ``cmd``'s launcher with ``out_fd``, ``err_fd`` as its stdout, stderr; the
+        connection that will bring its pid, then its exit code."""
         path = self._start()
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
             conn.connect(path)
             request = {"argv": cmd[3:], "env": env, "cwd": os.getcwd()}
-            socket.send_fds(conn, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+            socket.send_fds(conn, [json.dumps(request).encode()], [out_fd, err_fd])
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def start(self, cmd: List[str], env: Dict[str, str]) -> "ServedLauncher":
+        """``subprocess.Popen(cmd, stdout=PIPE, stderr=STDOUT, text=True, env=env)`` for a launcher command."""
+        read_end, write_end = os.pipe()
+        try:
+            conn = self._request(cmd, env, write_end, write_end)
+        finally:
+            os.close(write_end)  # the launcher holds it now: the pipe ends when the launcher and its workers do
+        stdout = os.fdopen(read_end, "r", encoding="utf-8", errors="replace")
+        started = conn.recv(64)
+        if not started:
+            conn.close()
+            raise RuntimeError(f"the launch server did not start {' '.join(cmd)}: {stdout.read()[-4000:]}")
+        return ServedLauncher(conn, int(started), stdout)
+
+    def run(self, cmd: List[str], env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)`` for a launcher command."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                self._request(cmd, env, out.fileno(), err.fileno()) as conn:
             conn.settimeout(timeout)
             started = conn.recv(64)  # the launcher's pid, or nothing if it died before it began
             try:
@@ -107,6 +131,43 @@ class _WarmLauncher:
                 stream.seek(0)
                 texts.append(stream.read().decode(errors="replace"))
         return subprocess.CompletedProcess(cmd, code, *texts)
+
+
+class ServedLauncher:
+    """A launcher forked by the warm launch server, with the part of ``subprocess.Popen`` that tests use on what
+    :func:`start_workers` returns: ``pid``, ``stdout`` (stdout and stderr merged, text), ``poll``, ``wait``,
+    ``send_signal``, ``kill``. Its exit code is the launcher's; one killed by a signal reports 1."""
+
+    def __init__(self, conn: socket.socket, pid: int, stdout):
+        self._conn, self.pid, self.stdout = conn, pid, stdout
+        self.returncode: Optional[int] = None
+
+    def _receive(self, timeout: Optional[float]) -> Optional[int]:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                reply = self._conn.recv(64)
+            except (socket.timeout, BlockingIOError):
+                return None
+            self.returncode = int(reply) if reply else 1
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        return self._receive(0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        code = self._receive(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 _WARM = _WarmLauncher()
@@ -167,13 +228,18 @@ def held(full: np.ndarray, backend: str, r: int, n: int) -> np.ndarray:
     return full if backend == "replicated" else full[r::n]
 
 
-def start_workers(script: str, n: int, args: Sequence[str] = (),
-                  env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+def start_workers(script: str, n: int, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+                  server: bool = False):
     """Starts ``tests/workers/<script>`` on ``n`` workers and returns at once.
 
     The launcher's stdout and stderr come merged, as text, from the returned
-    process's ``stdout``; its worker processes die with it.
+    process's ``stdout``; its worker processes die with it. With ``server`` the
+    launcher is forked from the session's warm launch server (no TensorFlow
+    import of its own) and a :class:`ServedLauncher` is returned, else a
+    ``subprocess.Popen`` of ``python -m collective.launch``.
     """
     cmd, full_env = _launch_command(script, n, args, env)
+    if server and full_env.get("PYTHONPATH") == os.environ.get("PYTHONPATH"):
+        return _WARM.start(cmd, full_env)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1, env=full_env)

@@ -24,7 +24,7 @@ def demo(tmp_path_factory, repo_root):
     env = dict(os.environ, COLLECTIVE_MODELZOO_CACHE=str(root / "cache"), CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # conftest sets it; the demo must quiet TensorFlow itself
     cmd = [sys.executable, "-m", "collective.demo", "--workers", "2", "--steps", str(STEPS), "--batch_size", "64",
-           "--rows", "16384", "--eval_rows", "512", "--log_every", str(LOG_EVERY), "--out", str(root / "out"),
+           "--rows", "1024", "--eval_rows", "512", "--log_every", str(LOG_EVERY), "--out", str(root / "out"),
            "--report_dir", str(root / "report")]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=800, env=env,
                           cwd=repo_root)

@@ -6,7 +6,6 @@ single-process TensorFlow baseline; the estimator engine resumes a stopped run w
 import glob
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -322,7 +321,17 @@ _SERVE = textwrap.dedent("""
                            "values": {k: value(t) for k, t in signature(**feed).items()}}
         out[path] = result
     assert not any(m.split(".")[0] in ("collective", "horovod", "modelzoo") for m in sys.modules), "not plain TF"
-    print(json.dumps(out))
+    # `saved_model_cli show --dir DIR --all`, the console script's own entry point, in this interpreter.
+    import contextlib, io
+    from tensorflow.python.tools import saved_model_cli
+    text = io.StringIO()
+    sys.argv = ["saved_model_cli", "show", "--dir", sys.argv[2], "--all"]
+    with contextlib.redirect_stdout(text):
+        try:
+            saved_model_cli.main()
+        except SystemExit as exit:
+            assert not exit.code, f"saved_model_cli exited {exit.code}"
+    print(json.dumps({"served": out, "saved_model_cli": text.getvalue()}))
 """)
 
 BINARY_PREDICT = {"logits": ["float32", [None, 1]], "logistic": ["float32", [None, 1]],
@@ -334,8 +343,9 @@ CLASSIFY_REGRESS_INPUTS = {"inputs": ["string", [None]]}
 
 
 @pytest.fixture(scope="module")
-def served(zoo):
-    """Every export served by plain TensorFlow on the first test row group: {export path: {signature: ...}}."""
+def serving(zoo):
+    """One plain-TensorFlow process: every export served on the first test row group, and what
+    ``saved_model_cli show --all`` prints for DLRM's sok export (serialized tf.Example inputs)."""
     jobs = []
     for model in MODELS:
         for backend, n in EXPORTED:
@@ -345,10 +355,17 @@ def served(zoo):
             jobs.append([metrics["export_path"], metrics.get("export_raw_path"), first, rows])
             if metrics.get("export_raw_path"):
                 jobs.append([metrics["export_raw_path"], None, first, rows])
-    proc = subprocess.run([sys.executable, "-c", _SERVE, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=300, cwd="/")
+    cli_export = zoo["results"]["dlrm", "sok", 2][0]["export_path"]
+    proc = subprocess.run([sys.executable, "-c", _SERVE, json.dumps(jobs), cli_export], capture_output=True,
+                          text=True, timeout=600, cwd="/")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def served(serving):
+    """{export path: {signature: {"inputs", "outputs", "values"}}} of every export, served by plain TensorFlow."""
+    return serving["served"]
 
 
 def test_exported_saved_models_serve_in_plain_tensorflow(zoo, served):
@@ -412,12 +429,10 @@ def test_exported_signatures_are_the_estimator_heads(zoo, served, model):
     np.testing.assert_allclose(example["regression"]["values"]["outputs"], logistic, rtol=1e-6)
 
 
-def test_saved_model_cli_shows_the_estimator_signatures(zoo):
-    export = zoo["results"]["dlrm", "sok", 2][0]["export_path"]
-    show = subprocess.run([str(pathlib.Path(sys.executable).with_name("saved_model_cli")), "show", "--dir", export,
-                           "--all"], capture_output=True, text=True, timeout=300)
-    assert show.returncode == 0, show.stderr[-4000:]
-    text = show.stdout
+def test_saved_model_cli_shows_the_estimator_signatures(serving):
+    """``saved_model_cli show --all`` (its console script's entry point, run in the serving fixture's plain
+    TensorFlow process) on DLRM's tf.Example export."""
+    text = serving["saved_model_cli"]
     for name in ("serving_default", "classification", "regression", "predict"):
         assert f"signature_def['{name}']:" in text, text
     for output, dtype, shape in (("probabilities", "DT_FLOAT", "(-1, 2)"), ("logistic", "DT_FLOAT", "(-1, 1)"),

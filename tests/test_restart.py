@@ -37,7 +37,7 @@ import tensorflow as tf
 from collective import CollectiveStrategy
 from collective.checkpoint import Saver
 
-from launcher import run_workers, start_workers
+from launcher import LAUNCH_SERVER, run_workers, start_workers, warm_server_pid
 from workers import checkpoint_cases as cc
 from workers import restart_cases as rc
 
@@ -125,13 +125,15 @@ def read_pid(pid_dir: pathlib.Path, rank: int) -> int:
 
 
 def running(pid: int, script: str) -> bool:
-    """Whether ``pid`` is a live (not zombie) process running ``script``, from /proc."""
+    """Whether ``pid`` is a live (not zombie) process running ``script``, from /proc: a worker of a launcher
+    started for it, or one forked by the warm launch server, whose command line it keeps."""
     try:
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
         cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and script in cmdline
+    ours = script in cmdline or (str(LAUNCH_SERVER) in cmdline and pid != warm_server_pid())
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and ours
 
 
 def still_running(pids: List[int], script: str) -> List[int]:
@@ -148,7 +150,7 @@ def kill_mid_training(scenario: Scenario, model_dir: pathlib.Path, pid_dir: path
     """Starts the killed run, SIGKILLs its victim once it holds; returns (launcher's code, output, worker pids)."""
     victim = scenario.victim
     proc = start_workers(scenario.script, scenario.killed_n,
-                         [model_dir, pid_dir, LAST_STEP, f"{victim}:{HOLD_STEP}"])
+                         [model_dir, pid_dir, LAST_STEP, f"{victim}:{HOLD_STEP}"], server=True)
     output = Output(proc.stdout)
     try:
         output.wait_for(scenario.held_line, START_TIMEOUT)
@@ -264,7 +266,7 @@ def test_sigterm_saves_the_step_reached_on_every_worker_and_exits_143(tmp_path, 
     """
     model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = start_workers(script, 2, [model_dir, pid_dir, LAST_STEP], env={"RESTART_PREEMPTIBLE": "1"})
+    proc = start_workers(script, 2, [model_dir, pid_dir, LAST_STEP], env={"RESTART_PREEMPTIBLE": "1"}, server=True)
     output = Output(proc.stdout)
     output.wait_for("[1] rank 1 step 2", START_TIMEOUT)
     proc.send_signal(signal.SIGTERM)
@@ -293,7 +295,7 @@ def test_a_stopped_worker_stalls_the_job_and_the_launcher_names_it(tmp_path):
     pid_dir.mkdir()
     timeout = 6
     proc = start_workers("restart_mts.py", 2, [model_dir, pid_dir, 1000],
-                         env={"RESTART_PREEMPTIBLE": "1", "COLLECTIVE_STALL_TIMEOUT": str(timeout)})
+                         env={"RESTART_PREEMPTIBLE": "1", "COLLECTIVE_STALL_TIMEOUT": str(timeout)}, server=True)
     output = Output(proc.stdout)
     output.wait_for("[1] rank 1 step 2", START_TIMEOUT)
     pids = [read_pid(pid_dir, r) for r in range(2)]
