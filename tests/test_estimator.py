@@ -26,7 +26,8 @@ from workers import estimator_cases as cases
 RUNS = [("sok", 2), ("hb", 3), ("hb", 1), ("replicated", 2)]
 # Each of these launches resumes the incremental checkpoint chain of the launch named: 2 -> 3 -> 1 -> 2 workers.
 PREVIOUS = {("hb", 3): ("sok", 2), ("hb", 1): ("hb", 3), ("replicated", 2): ("hb", 1)}
-METRICS = ("loss", "auc", "accuracy", "mse")
+# Keras metrics too: summed by name, not by their order in METRIC_VARIABLES (which differs between processes).
+METRICS = ("loss", "auc", "accuracy", "mse", "label_mean", "logit_mean", "keras_auc", "keras_accuracy")
 RATINGS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
