@@ -32,6 +32,10 @@ and ``compute_gradients`` (training)
                                                           summaries
 ``saver._get_saver_or_default`` (session)                 a default ``Scaffold`` saves whole logical tables
                                                           (``collective.checkpoint.Saver``)
+``tf.compat.v1.train.Saver`` (session)                    a user's Saver over sharded tables saves and restores
+                                                          them as logical tables (``collective.checkpoint.Saver``)
+``array_ops.zeros_like_impl``, ``ones_like_impl``          ``zeros_like(table)`` is known as made from the table
+(training)                                                (a variable made from it is the table's rows)
 ``feature_column._internal_input_layer``                  ``input_layer``: sharded lookups of all columns in
 (column_lookups)                                         one grouped exchange
 ``DenseFeatures.call`` (Keras, v1 and v2)                 the same for Keras ``DenseFeatures``

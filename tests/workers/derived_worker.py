@@ -18,6 +18,7 @@ from collective.integration.export import export_estimator
 out, restore_from, behaviour = sys.argv[1], sys.argv[2], sys.argv[3]
 if behaviour == "tf1":
     tf.compat.v1.disable_v2_behavior()
+os.makedirs(os.path.join(out, "model"), exist_ok=True)
 strategy = CollectiveStrategy("hb")
 r, n = strategy.rank(), strategy.world_size()
 with strategy.scope():
