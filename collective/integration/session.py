@@ -25,6 +25,7 @@ from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
 from collective.integration.incremental import IncrementalSaverHook
+from collective.embedding import modes
 from collective.embedding.table import SHARDED_COLLECTION, shard_of
 from collective.tf_internals import basic_session_run_hooks, monitored_session, patches, saver_lib, training_util
 
@@ -262,7 +263,8 @@ class UserSaver(saver_lib.Saver, metaclass=_AnySaver):
     ``ExponentialMovingAverage.variables_to_restore()`` included: it restores
     each worker's rows of the logical tensors, under any number of workers,
     and saves whole tables (all workers call ``save`` together). Any other
-    Saver is TensorFlow's.
+    Saver, and every Saver of an export graph (whole tables there), is
+    TensorFlow's.
     """
 
     _stands_for_every_saver = True
@@ -273,7 +275,7 @@ class UserSaver(saver_lib.Saver, metaclass=_AnySaver):
         bound = _SAVER_PARAMETERS.bind(None, *args, **kwargs).arguments
         bound.pop("self", None)
         bound.update(bound.pop("kwargs", {}))
-        if (not tf.executing_eagerly() and bound.get("saver_def") is None
+        if (not tf.executing_eagerly() and not modes.is_exporting() and bound.get("saver_def") is None
                 and _holds_sharded_tables(bound.get("var_list"))):
             return Saver(**bound)
         return saver_lib.Saver(*args, **kwargs)
