@@ -244,6 +244,15 @@ def test_a_users_saver_restores_the_ema_weights_into_each_workers_rows(derived, 
         np.testing.assert_allclose(results[r]["ema_logits"], expected, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
 
 
+def test_resumed_ema_shadow_holds_each_workers_rows(derived, derived_reference):
+    """Regression: resuming a checkpoint left every worker with rank 0's shadow rows (or failed with "written by a
+    different model" on another number of workers); each worker resumes its rows of the logical shadow, N -> M."""
+    n, _, results = derived
+    shadow = derived_reference["table/ExponentialMovingAverage"]
+    for r in range(n):
+        np.testing.assert_allclose(results[r]["shadow_rows"], shadow[r::n], rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+
+
 def test_export_serves_what_the_predict_scaffold_saver_restores(tmp_path_factory, derived_reference):
     """Regression: export_estimator ignored the PREDICT spec's scaffold.saver and served the raw weights; plain
     TensorFlow's export serves the EMA weights that saver reads."""

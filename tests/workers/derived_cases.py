@@ -46,7 +46,8 @@ def logits(ids, table, w):
 
 
 def build_training(strategy=None):
-    """(train_op, ids, labels): SGD, then the EMA of table and w, and the table's gradient summed into ``acc``."""
+    """(train_op, ids, labels, shadow): SGD, then the EMA of table and w (``shadow``: the table's), and the
+    table's gradient summed into ``acc``."""
     ids = tf.compat.v1.placeholder(tf.int64, [None])
     labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
     table, w = variables(strategy)
@@ -61,7 +62,7 @@ def build_training(strategy=None):
     ema = tf.compat.v1.train.ExponentialMovingAverage(DECAY)
     with tf.control_dependencies([apply]):
         train_op = ema.apply([table, w])
-    return train_op, ids, labels
+    return train_op, ids, labels, ema.average(table)
 
 
 def serving_model_fn(strategy=None):
@@ -83,7 +84,7 @@ def serving_input_receiver_fn():
 def reference() -> dict:
     """One plain process on the global batches: every checkpoint key of :data:`KEYS`."""
     with tf.Graph().as_default():
-        train_op, ids, labels = build_training()
+        train_op, ids, labels, _ = build_training()
         variables_by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
