@@ -18,8 +18,9 @@ from collective.checkpoint.layout import block_bounds, restore_rows
 from collective.embedding.layout import ShardLayout
 
 from graphs import while_loops
-from launcher import run_workers
+from launcher import launch_once, load_rank_results, run_workers
 from workers import checkpoint_cases as cc
+from workers import derived_cases as dc
 
 # Several launches share one module fixture: on a loaded 2-core machine they outlast the default timeout.
 pytestmark = pytest.mark.timeout(2400)
@@ -244,3 +245,71 @@ def test_a_save_after_a_killed_save_of_the_same_step_holds_only_its_own_parts(tm
     assert not reader.has_tensor("t/keys"), reader.get_tensor("t/keys")
     np.testing.assert_array_equal(reader.get_tensor("w"), want)
     assert not (tmp_path / "model.ckpt-1_temp").exists()
+
+
+# ---------------------------------------------------- variables derived from a table, a user's Saver, export
+# 2 workers under TF1 write; 3 under TF2 write their own, restore the 2 workers' (N -> M) and export (export
+# with TF1 reference variables fails in serving_deltas, before and after this change).
+DERIVED_LAUNCHES = {2: ("-", "tf1"), 3: (2, "tf2")}
+
+
+@launch_once
+def _derived_launch(base, n):
+    source, behaviour = DERIVED_LAUNCHES[n]
+    if source != "-":
+        _derived_launch(base, source)
+        source = tf.train.latest_checkpoint(str(base / f"derived{source}" / "model"))
+    out = base / f"derived{n}"
+    run_workers("derived_worker.py", n, [out, source, behaviour], timeout=400)
+    return out, load_rank_results(out, n)
+
+
+@pytest.fixture(scope="module")
+def derived_reference():
+    return dc.reference()
+
+
+@pytest.fixture(scope="module", params=sorted(DERIVED_LAUNCHES), ids=lambda n: f"{n}workers")
+def derived(request, tmp_path_factory):
+    return request.param, *_derived_launch(tmp_path_factory.getbasetemp(), request.param)
+
+
+def test_ema_shadow_and_zeros_like_accumulator_of_a_table_save_as_the_logical_table(derived, derived_reference):
+    """Regression: an EMA shadow of a table was broadcast from rank 0 (a checkpoint held rank 0's rows only,
+    [3, 2] of a [6, 2] table) and tf.Variable(tf.zeros_like(table)) failed with Mismatched BROADCAST shapes
+    when the vocabulary is not divisible by N. Both are the table's rows: the checkpoint holds one process's."""
+    _, out, _ = derived
+    reader = tf.compat.v1.train.NewCheckpointReader(tf.train.latest_checkpoint(str(out / "model")))
+    for key in dc.KEYS:
+        np.testing.assert_allclose(reader.get_tensor(key), derived_reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_users_saver_restores_the_ema_weights_into_each_workers_rows(derived, derived_reference):
+    """Regression: a tf.compat.v1.train.Saver restoring a logical checkpoint made each worker's shard the whole
+    table (lookups of ids 0, 1, 2 read rows [0, 0, 2]). Under scope() it restores each worker's rows, N -> M
+    included (3 workers read the 2 workers' checkpoint)."""
+    n, _, results = derived
+    expected = dc.ema_logits(derived_reference)
+    for r in range(n):
+        np.testing.assert_allclose(results[r]["ema_logits"], expected, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+
+
+def test_resumed_ema_shadow_holds_each_workers_rows(derived, derived_reference):
+    """Regression: resuming a checkpoint left every worker with rank 0's shadow rows (or failed with "written by a
+    different model" on another number of workers); each worker resumes its rows of the logical shadow, N -> M."""
+    n, _, results = derived
+    shadow = derived_reference["table/ExponentialMovingAverage"]
+    for r in range(n):
+        np.testing.assert_allclose(results[r]["shadow_rows"], shadow[r::n], rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
+
+
+def test_export_serves_what_the_predict_scaffold_saver_restores(tmp_path_factory, derived_reference):
+    """Regression: export_estimator ignored the PREDICT spec's scaffold.saver and served the raw weights; plain
+    TensorFlow's export serves the EMA weights that saver reads."""
+    _, results = _derived_launch(tmp_path_factory.getbasetemp(), 3)
+    exported = str(results[0]["exported"])
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], exported)
+        signature = meta.signature_def["serving_default"]
+        got = sess.run(signature.outputs["logits"].name, {signature.inputs["ids"].name: dc.SERVE_IDS})
+    np.testing.assert_allclose(got, dc.ema_logits(derived_reference), rtol=1e-5, atol=1e-6)

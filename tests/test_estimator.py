@@ -11,6 +11,7 @@ evaluation of all workers' data.
 """
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ from workers import estimator_cases as cases
 RUNS = [("sok", 2), ("hb", 3), ("hb", 1), ("replicated", 2)]
 # Each of these launches resumes the incremental checkpoint chain of the launch named: 2 -> 3 -> 1 -> 2 workers.
 PREVIOUS = {("hb", 3): ("sok", 2), ("hb", 1): ("hb", 3), ("replicated", 2): ("hb", 1)}
-METRICS = ("loss", "auc", "accuracy", "mse")
+# Keras metrics too: summed by name, not by their order in METRIC_VARIABLES (which differs between processes).
+METRICS = ("loss", "auc", "accuracy", "mse", "label_mean", "logit_mean", "keras_auc", "keras_accuracy")
 
 
 @pytest.fixture(scope="module")
@@ -348,8 +350,6 @@ def test_canned_estimators_train_evaluate_and_export_as_one_process(canned, name
     np.testing.assert_allclose(_served(str(results[0][f"{name}/export"])), _served(exported), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 defect 1 (Keras metrics reduced by position: 'Mismatched ALLREDUCE "
-                                       "tensor shapes'), fixed on branch issue41a; remove this mark when it lands")
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("name", ["dnn", "linear", "combined"])
 def test_canned_estimators_evaluate_as_one_process(canned, name, n):

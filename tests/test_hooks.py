@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from collective import CollectiveStrategy
 from collective.runtime import preemption
-from collective.integration.hooks import GlobalMetricsHook, ThroughputHook
+from collective.integration import hooks
+from collective.integration.hooks import GlobalMetricsHook, MetricMismatchError, ThroughputHook
 
 
 def linear_model():
@@ -58,6 +59,38 @@ def test_global_metrics_hook_leaves_one_worker_values_alone():
             sess.run(update)
             hook.end(sess)
             assert sess.run(value) == pytest.approx(3.0)
+
+
+def test_metric_variables_are_summed_in_name_order_whatever_the_collection_order():
+    """Regression: the hook summed METRIC_VARIABLES by position, and Estimator adds Keras metrics' variables
+    from a set (an order of each process's own): a count was added to another worker's total."""
+    def order(reverse):
+        with tf.Graph().as_default():
+            metrics = [tf.keras.metrics.Mean(name="label_mean"), tf.keras.metrics.AUC(num_thresholds=5, name="auc")]
+            variables = [v for m in metrics for v in m.variables]
+            ordered = hooks.in_reduction_order(list(reversed(variables)) if reverse else variables)
+            return [(v.op.name, v.shape.as_list()) for v in ordered], [hooks.metric_signature(v) for v in ordered]
+    assert order(False) == order(True)
+    names = [name for name, _ in order(False)[0]]
+    assert names == sorted(names) and {"count", "total", "true_positives"} <= set(names)
+
+
+def test_metric_variables_another_worker_lacks_are_named():
+    with tf.Graph().as_default():
+        mine = tf.keras.metrics.Mean(name="label_mean").variables
+        theirs = [hooks.metric_signature(mine[0])]  # the other worker has the total only
+        lines = hooks.unmatched(hooks.in_reduction_order(mine), [theirs])
+        assert lines and "['count']" in lines[0], lines
+        assert hooks.unmatched(mine, [[hooks.metric_signature(v) for v in mine]]) == []
+    with pytest.raises(MetricMismatchError, match="'a'"):
+        hooks.in_reduction_order([_Named("a"), _Named("a")])  # two metrics of one name: no way to tell them apart
+
+
+class _Named:
+    """A metric variable as the hook sees it: only its name matters here."""
+
+    def __init__(self, name):
+        self.name = name
 
 
 class _SigtermAfterLastStep(tf.compat.v1.train.SessionRunHook):

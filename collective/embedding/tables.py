@@ -14,6 +14,15 @@ name, wherever the optimizer was built and whichever optimizer family it is
 (``tf.compat.v1.train``, ``hb.train``, legacy Keras, Keras). Nothing here
 matches a variable by name.
 
+Any other variable made from a table's value is derived too
+(:func:`derived_table`): an ``ExponentialMovingAverage`` shadow (its initial
+value reads the table), ``tf.Variable(tf.zeros_like(table))`` (an
+accumulator: ``zeros_like`` drops the table from the graph, so it is noted
+when called, :func:`note_value_of`), ``tf.Variable(table.read_value())``.
+Such a variable, shaped like the table's rows, is tagged as the table's rows
+(:func:`tag_derived`) when it is made: never broadcast, saved, restored
+(N -> M) and exported as the table is.
+
 A table's regularizer (``get_variable(..., regularizer=...)``) is applied to
 this worker's rows; its loss is counted N times on each worker with a
 gradient counted once (:func:`sharded_regularizer`), so the gradient is one
@@ -26,21 +35,27 @@ import contextlib
 import dataclasses
 import functools
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional
+import weakref
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
 from collective.embedding import modes
-from collective.embedding.table import ShardInfo, partitioned_initializer, shard_initial_value, shard_of, tag
+from collective.embedding.table import (SHARDED_COLLECTION, ShardInfo, partitioned_initializer, shard_initial_value,
+                                        shard_of, tag)
 
 if TYPE_CHECKING:
     from collective.context import Context
 
 __all__ = ["ShardInfo", "shard_of", "sharding_getter", "sharding_creator", "custom_getter", "creating_shard",
            "current_shard", "inside_embedding_scope", "embedding_scope_block", "deriving", "deriving_from",
-           "watch_slots", "slot_owner", "sharded_regularizer"]
+           "watch_slots", "slot_owner", "sharded_regularizer", "derived_table", "note_value_of", "tag_derived"]
 
 _local = threading.local()
+# Per graph: ops whose output is a value made from a table's without reading it (zeros_like), by op -> table.
+_values_of: "weakref.WeakKeyDictionary[tf.Graph, Dict[tf.Operation, tf.Variable]]" = weakref.WeakKeyDictionary()
+# How far back an initial value's inputs are searched for a table.
+_SEARCH_OPS = 2000
 
 # Slot-creating methods of every optimizer family, each taking the table first (positionally or by keyword).
 SLOT_METHODS = ("_zeros_slot", "_get_or_make_slot", "_get_or_make_slot_with_initializer",  # tf.compat.v1.train
@@ -92,6 +107,73 @@ def deriving(table: tf.Variable):
 def slot_owner(var) -> Optional[tf.Variable]:
     """The table ``var`` is a slot of (the object), else None."""
     return getattr(var, "_collective_slot_of", None)
+
+
+def _source_table(var) -> Optional[tf.Variable]:
+    """The table whose rows ``var`` holds (a table is its own; a slot or derived variable its table's)."""
+    if shard_of(var) is None:
+        return None
+    owner = slot_owner(var)
+    return var if owner is None else owner
+
+
+def _variable_ops(graph: tf.Graph) -> Dict[tf.Operation, tf.Variable]:
+    """The op that holds each table (and tagged slot) of ``graph``: resource handle or ref variable op."""
+    ops = {}
+    for var in graph.get_collection(SHARDED_COLLECTION):
+        handle = getattr(var, "handle", None)
+        ops[handle.op if handle is not None else var.op] = var
+    return ops
+
+
+def note_value_of(value, source) -> None:
+    """Notes that tensor ``value`` was made from ``source``'s value (a table, or a tensor reading one).
+
+    ``zeros_like(table)`` and ``ones_like(table)`` of a statically shaped
+    table give a constant that no longer depends on it in the graph; the
+    replacements of those functions under ``scope()`` call this so that
+    :func:`derived_table` still finds the table.
+    """
+    if tf.executing_eagerly() or not isinstance(value, tf.Tensor):
+        return
+    table = _source_table(source)
+    if table is None and isinstance(source, tf.Tensor) and source.op.inputs:
+        table = _source_table(_variable_ops(source.graph).get(source.op.inputs[0].op))  # a read of a table
+    if table is not None:
+        _values_of.setdefault(value.graph, {})[value.op] = table
+
+
+def derived_table(initial_value) -> Optional[tf.Variable]:
+    """The table a variable with ``initial_value`` (a graph tensor) is made from, if it is shaped like its rows.
+
+    The tensor's inputs are searched back (a bounded number of ops) for a
+    table's variable op or a value noted by :func:`note_value_of`; known by
+    object, never by name. A callable or eager initial value gives None.
+    """
+    if tf.executing_eagerly() or not isinstance(initial_value, tf.Tensor) or initial_value.shape.rank in (None, 0):
+        return None
+    graph = initial_value.graph
+    noted = _values_of.get(graph, {})
+    holders = _variable_ops(graph)
+    if not holders:
+        return None
+    seen, queue = {initial_value.op}, [initial_value.op]
+    while queue and len(seen) < _SEARCH_OPS:
+        op = queue.pop(0)
+        table = noted[op] if op in noted else _source_table(holders.get(op))
+        if table is not None:
+            rows = table.shape[0]
+            return table if rows is not None and initial_value.shape[0] == rows else None
+        for tensor in op.inputs:
+            if tensor.op not in seen:
+                seen.add(tensor.op)
+                queue.append(tensor.op)
+    return None
+
+
+def tag_derived(var: tf.Variable, table: tf.Variable) -> tf.Variable:
+    """Tags ``var``, made from ``table``'s value (:func:`derived_table`), as the table's rows; returns it."""
+    return _tag_slot(var, table)
 
 
 def _tag_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
@@ -223,7 +305,8 @@ def sharding_creator(ctx: "Context", replicate_below_bytes: int):
         if shape is None and isinstance(initial_value, functools.partial) and len(initial_value.args) >= 1:
             shape = initial_value.args[0]
         if (getattr(_local, "in_getter", False) or deriving_from() is not None or kwargs.get("trainable") is False
-                or initial_value is None or kwargs.get("variable_def") is not None):
+                or initial_value is None or kwargs.get("variable_def") is not None
+                or derived_table(initial_value) is not None):  # tagged by the scope's creator as it is made
             return next_creator(**kwargs)
         if shape is None and not callable(initial_value):
             initial_value = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
@@ -294,7 +377,7 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         """``get_variable(name, initializer=<a whole table as a tensor or array>)``: a pretrained table."""
         value = tf.convert_to_tensor(initializer, dtype=dtype)
         info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
-        if info is None:
+        if info is None or derived_table(value) is not None:
             return getter(name, shape=None, dtype=dtype, initializer=initializer,
                           partitioner=_whole_in_export(value.shape, partitioner, ctx), **kwargs)
         _shard_regularizer(kwargs, info)

@@ -87,7 +87,9 @@ def fixed_tables(checkpoint_path: str) -> List[str]:
 
 def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Callable[[], object],
                        assets_extra: Optional[Mapping[str, str]] = None, as_text: bool = False,
-                       clear_devices: bool = True, strip_default_attrs: bool = True) -> Optional[bytes]:
+                       clear_devices: bool = True, strip_default_attrs: bool = True, *,
+                       restore_saver: Optional[Callable[[], Optional[tf.compat.v1.train.Saver]]] = None
+                       ) -> Optional[bytes]:
     """Rank 0 writes a SavedModel with whole tables (HybridBackend's ``hb.saved_model.export``).
 
     Args:
@@ -98,6 +100,12 @@ def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Calla
         SignatureDef, or a dict of them by signature key.
       assets_extra: ``{destination relative to assets.extra: source path}``.
       as_text: write ``saved_model.pbtxt`` instead of the binary proto.
+      restore_saver: called after ``signature_def_fn`` in the export graph; a
+        Saver it returns restores the checkpoint after every variable was
+        restored under its own name, as ``Estimator.export_saved_model``
+        restores with the PREDICT spec's ``scaffold.saver`` (the usual way to
+        serve ``ExponentialMovingAverage`` weights: the variables then hold
+        what that Saver read, and the SavedModel serves those values).
 
     Returns:
       On rank 0 the export directory (bytes, as ``Estimator.export_saved_model``);
@@ -108,17 +116,18 @@ def export_saved_model(export_dir_base, checkpoint_path, signature_def_fn: Calla
         return None
     with heartbeat.phase("export"):  # however long it takes, no stall (collective.runtime.stall)
         return _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra, as_text,
-                                  clear_devices, strip_default_attrs)
+                                  clear_devices, strip_default_attrs, restore_saver)
 
 
 def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra, as_text, clear_devices,
-                       strip_default_attrs) -> bytes:
+                       strip_default_attrs, restore_saver=None) -> bytes:
     checkpoint_path = _resolve_checkpoint(checkpoint_path)
     export_dir = export_utils.get_timestamped_export_dir(export_dir_base)
     temp_dir = export_utils.get_temp_export_dir(export_dir)
     with patches.patched(), patches.suspended(), modes.exporting(hash_table_rows(checkpoint_path)), \
             tf.Graph().as_default():
         signatures = signature_def_fn()
+        scaffold_saver = restore_saver() if restore_saver is not None else None
         if not isinstance(signatures, Mapping):
             signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: signatures}
         local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
@@ -129,6 +138,8 @@ def _write_saved_model(export_dir_base, checkpoint_path, signature_def_fn, asset
                                                   dict(tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES)))
         with tf.compat.v1.Session() as sess:
             _restore_for_export(sess, checkpoint_path)
+            if scaffold_saver is not None:
+                scaffold_saver.restore(sess, checkpoint_path)
             # The (name, lookup table) pairs are not protos: the MetaGraph could not hold them (TF warned at every
             # export), and the served graph needs them no more.
             tf.compat.v1.get_default_graph().clear_collection(modes.EXPORT_HASH_INDEXES)
@@ -191,13 +202,20 @@ def export_estimator(model_fn: Callable, params, config, export_dir_base, servin
     Builds the PREDICT graph from ``serving_input_receiver_fn`` and
     ``model_fn`` (with the global step, as the Estimator does) and exports it
     with :func:`export_saved_model`, with the signatures Estimator writes
-    (plus :func:`with_default_signature`). Returns the export directory on
-    rank 0, None elsewhere.
+    (plus :func:`with_default_signature`). The PREDICT spec's
+    ``scaffold.saver``, if any, restores the checkpoint as in
+    ``Estimator.export_saved_model`` (``restore_saver`` of
+    :func:`export_saved_model`). Returns the export directory on rank 0, None
+    elsewhere.
     """
+    scaffold_savers: List = []
+
     def signature_def_fn():
         tf.compat.v1.train.get_or_create_global_step()
         receiver = serving_input_receiver_fn()
         spec = call_model_fn(model_fn, receiver.features, None, tf.estimator.ModeKeys.PREDICT, params, config)
+        scaffold = getattr(spec, "scaffold", None)
+        scaffold_savers.append(scaffold.saver if scaffold is not None else None)
         outputs = export_lib.export_outputs_for_mode(
             mode=spec.mode, serving_export_outputs=spec.export_outputs, predictions=spec.predictions,
             loss=spec.loss, metrics=spec.eval_metric_ops)
@@ -207,4 +225,4 @@ def export_estimator(model_fn: Callable, params, config, export_dir_base, servin
         return with_default_signature(signatures)
 
     return export_saved_model(export_dir_base, checkpoint_path, signature_def_fn, assets_extra=assets_extra,
-                              as_text=as_text)
+                              as_text=as_text, restore_saver=lambda: scaffold_savers[-1])

@@ -3,8 +3,9 @@
 - :class:`ThroughputHook`: global step, loss, global samples/s and
   bytes/sample, logged by rank 0 every ``every_n_steps`` steps.
 - :class:`GlobalMetricsHook`: sums the local metric variables
-  (``tf.compat.v1.metrics`` totals, counts, confusion counts) over workers
-  when evaluation ends, so the values read afterwards are global.
+  (``tf.compat.v1.metrics`` and Keras metrics: totals, counts, confusion
+  counts) over workers, matched by name, when evaluation ends, so the values
+  read afterwards are global.
 
 Every hook here runs collectives in the session: all workers must use it
 with the same arguments.
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 from collective import comm
@@ -133,15 +136,62 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
             self._record(session, step, None)
 
 
-class GlobalMetricsHook(tf.compat.v1.train.SessionRunHook):
-    """Sums metric variables over workers when evaluation ends.
+class MetricMismatchError(ValueError):
+    """Workers built metric variables that cannot be matched by name, shape and dtype."""
 
-    ``tf.compat.v1.metrics`` keep sums (totals and counts, AUC's confusion
-    counts) in local variables of the ``METRIC_VARIABLES`` collection and
-    compute values from them; summing those variables over workers once,
-    before the values are read, gives the metric of all workers' data. The
-    hook must run its ``end`` before the hook that reads the final values
-    (Estimator's evaluation hooks do).
+
+def _variable_name(var) -> str:
+    return var.op.name if hasattr(var, "op") else var.name
+
+
+def metric_signature(var) -> int:
+    """A number naming ``var`` by name, shape and dtype, the same on every worker that built the same metric."""
+    shape = var.shape.as_list() if var.shape.rank is not None else None
+    text = f"{_variable_name(var)}|{shape}|{var.dtype.base_dtype.name}"
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def in_reduction_order(variables: Sequence) -> List:
+    """``variables`` once each, ordered by name: the order every worker sums them in.
+
+    Estimator adds Keras metrics' variables to ``METRIC_VARIABLES`` from a
+    set, so the collection's order differs between processes; summing by
+    position would add one metric's count to another's total.
+    """
+    unique = {id(v): v for v in variables}
+    names = [_variable_name(v) for v in unique.values()]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise MetricMismatchError(f"metric variables {twice} have the same name twice; give each metric a name of "
+                                  "its own so the workers can sum it by name")
+    return sorted(unique.values(), key=_variable_name)
+
+
+def unmatched(mine: Sequence, signatures: Sequence[Sequence[int]]) -> List[str]:
+    """Lines naming each of ``mine`` (this worker's metric variables) missing from a worker's ``signatures``."""
+    lines = []
+    for rank, theirs in enumerate(signatures):
+        missing = [_variable_name(v) for v in mine if metric_signature(v) not in set(theirs)]
+        if missing or len(theirs) != len(mine):
+            lines.append(f"rank {rank}: {len(theirs)} metric variables, none matching {missing}" if missing else
+                         f"rank {rank}: {len(theirs)} metric variables, this worker {len(mine)}")
+    return lines
+
+
+class GlobalMetricsHook(tf.compat.v1.train.SessionRunHook):
+    """Sums metric variables over workers when evaluation ends, matched by name.
+
+    ``tf.compat.v1.metrics`` and Keras metrics keep sums (totals and counts,
+    AUC's confusion counts) in variables of the ``METRIC_VARIABLES``
+    collection and compute values from them; summing those variables over
+    workers once, before the values are read, gives the metric of all
+    workers' data. The variables are summed in name order
+    (:func:`in_reduction_order`), never by position in the collection, and
+    first checked to be the same on every worker (name, shape, dtype): a
+    metric variable another worker does not have raises
+    :class:`MetricMismatchError` naming it. The hook must run its ``end``
+    before the hook that reads the final values (Estimator's evaluation
+    hooks do).
     """
 
     def __init__(self, variables: Optional[Sequence[tf.Variable]] = None):
@@ -151,11 +201,26 @@ class GlobalMetricsHook(tf.compat.v1.train.SessionRunHook):
         variables = self._variables
         if variables is None:
             variables = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        self._ordered = in_reduction_order(variables)
         self._sync = tf.no_op()
-        if variables and comm.world_size() > 1:
+        self._check = None
+        if self._ordered and comm.world_size() > 1:
+            signatures = tf.constant([metric_signature(v) for v in self._ordered], tf.int64)
+            self._check = (comm.allgather(tf.reshape(tf.size(signatures, out_type=tf.int64), [1])),
+                           comm.allgather(signatures))
             summed = comm.grouped_allreduce([v.read_value() if hasattr(v, "read_value") else tf.identity(v)
-                                             for v in variables], "sum")
-            self._sync = tf.group([v.assign(s) for v, s in zip(variables, summed)], name="collective_metric_sync")
+                                             for v in self._ordered], "sum")
+            self._sync = tf.group([v.assign(s) for v, s in zip(self._ordered, summed)],
+                                  name="collective_metric_sync")
 
     def end(self, session):
+        if self._check is not None:
+            counts, flat = session.run(self._check)
+            bounds = [0, *list(np.cumsum(counts))]
+            lines = unmatched(self._ordered, [flat[bounds[r]:bounds[r + 1]].tolist() for r in range(len(counts))])
+            if lines:
+                raise MetricMismatchError(
+                    "the workers' evaluation metrics cannot be matched by name, so they cannot be summed: "
+                    + "; ".join(lines) + ". Build the same metrics with the same names on every worker "
+                    "(a metric made in a Python set or dict order of its own is named in that order)")
         session.run(self._sync)

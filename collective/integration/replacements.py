@@ -32,9 +32,10 @@ import tensorflow as tf
 
 from collective.embedding import gradient_norms
 from collective.integration import column_lookups, estimator, lookups, session, sync, training, warm_start
-from collective.tf_internals import (batch_normalization, checkpoint_utils, clip_ops, dense_features, embedding_ops,
-                                     estimator_lib, feature_column_v1, keras_compute_gradients, keras_optimizers,
-                                     monitored_session, optimizer_lib, patches, saver_lib, variable_v1, variables)
+from collective.tf_internals import (array_ops, batch_normalization, checkpoint_utils, clip_ops, dense_features,
+                                     embedding_ops, estimator_lib, feature_column_v1, keras_compute_gradients,
+                                     keras_optimizers, monitored_session, optimizer_lib, patches, saver_lib,
+                                     variable_v1, variables)
 
 _SESSION = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
             "writes summaries")
@@ -78,6 +79,9 @@ INSTALLED = [
                      "of the stored logical table"),
     patches.register(checkpoint_utils, "_set_checkpoint_initializer", warm_start.set_checkpoint_initializer,
                      "the same for sharded tables reached by scope mappings ({'/': '/'})"),
+    patches.register(tf.compat.v1.train, "Saver", session.UserSaver,
+                     "a user's Saver over sharded tables saves and restores them as logical tables "
+                     "(collective.checkpoint.Saver)"),
     # Unequal input.
     patches.register(batch_normalization.BatchNormalizationBase, "_support_zero_size_input",
                      sync.batch_norm_supports_empty_batches,
@@ -88,6 +92,9 @@ INSTALLED = [
                      "dense variables start as rank 0's values"),
     patches.register(variables, "default_variable_creator_v2", training.broadcasting_creator_v2,
                      "the same for tf.Variable"),
+    patches.register(array_ops, "zeros_like_impl", training.zeros_like_impl,
+                     "zeros_like(table) is known as made from the table (a variable made from it is the table's rows)"),
+    patches.register(array_ops, "ones_like_impl", training.ones_like_impl, "the same for ones_like"),
     patches.register(optimizer_lib.Optimizer, "compute_gradients",
                      training.averaging_method(optimizer_lib.Optimizer, "compute_gradients",
                                                training.averaged_compute),

@@ -13,6 +13,7 @@ Inside ``CollectiveStrategy.scope()`` (see :mod:`collective.tf_internals.patches
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import List, Optional
@@ -24,12 +25,15 @@ from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
 from collective.integration.incremental import IncrementalSaverHook
+from collective.embedding import modes
+from collective.embedding.table import SHARDED_COLLECTION, shard_of
 from collective.tf_internals import (basic_session_run_hooks, monitored_session, patches, saver_lib, training_util,
                                      variables)
 
 logger = logging.getLogger("collective.integration.session")
 
 USE_DEFAULT = monitored_session.USE_DEFAULT
+_SAVER_PARAMETERS = inspect.signature(saver_lib.Saver.__init__)
 _DEFAULT_CHECKPOINT_SECS = 600
 
 
@@ -243,3 +247,48 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                     log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
                     save_checkpoint_steps=None, summary_dir=summary_dir, save_graph_def=save_graph_def)
 
+
+def _holds_sharded_tables(var_list) -> bool:
+    if var_list is None:
+        return bool(tf.compat.v1.get_collection(SHARDED_COLLECTION))
+    values = var_list.values() if isinstance(var_list, dict) else var_list
+    return any(shard_of(v) is not None for v in tf.nest.flatten(list(values)))
+
+
+class _AnySaver(type):
+    """``isinstance(saver, tf.compat.v1.train.Saver)`` under ``scope()`` holds for every Saver, as outside it."""
+
+    def __instancecheck__(cls, instance):
+        if cls.__dict__.get("_stands_for_every_saver"):
+            return isinstance(instance, saver_lib.Saver)
+        return super().__instancecheck__(instance)
+
+
+class UserSaver(saver_lib.Saver, metaclass=_AnySaver):
+    """``tf.compat.v1.train.Saver`` under ``scope()``: a :class:`collective.checkpoint.Saver` where tables are saved.
+
+    A plain Saver restoring a logical checkpoint into a table would make each
+    worker's shard the whole table. A Saver made under ``scope()`` whose
+    var_list (given, or the default: every saveable) holds a sharded table or
+    a variable derived from one (an EMA shadow, ``zeros_like(table)``) is
+    therefore a :class:`collective.checkpoint.Saver` with the same arguments,
+    ``{name: variable}`` var_lists such as
+    ``ExponentialMovingAverage.variables_to_restore()`` included: it restores
+    each worker's rows of the logical tensors, under any number of workers,
+    and saves whole tables (all workers call ``save`` together). Any other
+    Saver, and every Saver of an export graph (whole tables there), is
+    TensorFlow's.
+    """
+
+    _stands_for_every_saver = True
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not UserSaver:  # a user's subclass of tf.compat.v1.train.Saver
+            return super().__new__(cls)
+        bound = _SAVER_PARAMETERS.bind(None, *args, **kwargs).arguments
+        bound.pop("self", None)
+        bound.update(bound.pop("kwargs", {}))
+        if (not tf.executing_eagerly() and not modes.is_exporting() and bound.get("saver_def") is None
+                and _holds_sharded_tables(bound.get("var_list"))):
+            return Saver(**bound)
+        return saver_lib.Saver(*args, **kwargs)

@@ -4,7 +4,9 @@
   0's, broadcast as part of the initialiser (so plain sessions,
   ``MonitoredTrainingSession`` and Estimators all get it, and a restore from
   a checkpoint skips it). Sharded tables and their optimizer slots
-  (:mod:`collective.embedding.tables`) are per-worker and never broadcast.
+  (:mod:`collective.embedding.tables`) are per-worker and never broadcast;
+  so is a variable made from a table's value (an ``ExponentialMovingAverage``
+  shadow, ``tf.Variable(tf.zeros_like(table))``), tagged as the table's rows.
 - ``compute_gradients`` (and so ``minimize``) returns averaged gradients, as
   Horovod's ``DistributedOptimizer`` does: dense gradients are averaged over
   workers with one grouped allreduce (sparse ones of replicated variables by
@@ -43,8 +45,8 @@ from collective.embedding import gradient_norms, tables
 from collective.embedding.hash_table import dynamic as dynamic_vocabulary
 from collective.embedding.hash_table import growth as table_growth
 from collective.embedding.table import shard_of
-from collective.tf_internals import keras_compute_gradients, keras_optimizers, optimizer_lib, patches, variable_v1, \
-    variables
+from collective.tf_internals import array_ops, keras_compute_gradients, keras_optimizers, optimizer_lib, patches, \
+    variable_v1, variables
 
 _local = threading.local()
 # Per graph: the ops whose outputs are averaged gradients.
@@ -61,6 +63,13 @@ def _broadcast_initial_value(initial_value, dtype):
 
 def _create(original, next_creator, kwargs):
     shard = tables.current_shard()
+    derived = None
+    if shard is None and tables.deriving_from() is None and kwargs.get("variable_def") is None:
+        derived = tables.derived_table(kwargs.get("initial_value"))
+    if derived is not None:  # made from a table's value (an EMA shadow, zeros_like(table)): its rows, not broadcast
+        with tables.deriving(derived):
+            var = original(next_creator, **kwargs)
+        return tables.tag_derived(var, derived)
     collections = kwargs.get("collections") or []
     local = tf.compat.v1.GraphKeys.LOCAL_VARIABLES in collections
     # Replicated variables start as rank 0's values; so do replicated-layout tables (an unseeded
@@ -81,6 +90,25 @@ def broadcasting_creator_v1(next_creator=None, **kwargs):
 def broadcasting_creator_v2(next_creator=None, **kwargs):
     """``variables.default_variable_creator_v2`` with rank 0's initial values."""
     return _create(patches.original(variables, "default_variable_creator_v2"), next_creator, kwargs)
+
+
+def zeros_like_impl(tensor, *args, **kwargs):
+    """``array_ops.zeros_like_impl`` that notes a table's ``zeros_like`` as made from the table.
+
+    Of a statically shaped tensor TensorFlow makes a constant, which no
+    longer depends on the table: a variable made from it would not be known
+    as the table's (:func:`collective.embedding.tables.note_value_of`).
+    """
+    value = patches.original(array_ops, "zeros_like_impl")(tensor, *args, **kwargs)
+    tables.note_value_of(value, tensor)
+    return value
+
+
+def ones_like_impl(tensor, *args, **kwargs):
+    """``array_ops.ones_like_impl``, noted as :func:`zeros_like_impl` is."""
+    value = patches.original(array_ops, "ones_like_impl")(tensor, *args, **kwargs)
+    tables.note_value_of(value, tensor)
+    return value
 
 
 def _tensor_of(grad):

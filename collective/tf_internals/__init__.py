@@ -13,6 +13,8 @@ these modules are listed by :mod:`collective.tf_internals.patches`.
 name here                    what for                                                  used by
 ===========================  ========================================================  =========================
 ``nest``                     ``map_structure_with_paths`` (not in ``tf.nest``)         sync
+``array_ops``                ``zeros_like_impl``, ``ones_like_impl`` (noted as made    training
+                             from a table)
 ``embedding_ops``            the lookups routed to the exchange                        lookups
 ``clip_ops``                 ``global_norm`` (tables' gradients as one process's)      embedding.gradient_norms
 ``variable_v1``,             the default variable creators (rank 0's initial values)   training
@@ -128,7 +130,7 @@ from tensorflow.python.checkpoint import checkpoint_management  # noqa: E402
 from tensorflow.python.feature_column import feature_column as feature_column_v1  # noqa: E402
 from tensorflow.python.feature_column import feature_column_v2  # noqa: E402
 from tensorflow.python.framework import func_graph  # noqa: E402
-from tensorflow.python.ops import clip_ops, embedding_ops, io_ops, variable_v1, variables  # noqa: E402
+from tensorflow.python.ops import array_ops, clip_ops, embedding_ops, io_ops, variable_v1, variables  # noqa: E402
 from tensorflow.python.ops.variable_scope import _PartitionInfo as PartitionInfo  # noqa: E402
 from tensorflow.python.saved_model.model_utils import export_utils  # noqa: E402
 from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util  # noqa: E402

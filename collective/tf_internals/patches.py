@@ -39,6 +39,10 @@ and ``compute_gradients`` (training)
                                                           canned model_fn inside ``embedding_scope()`` too
 ``checkpoint_utils._init_from_checkpoint``,               ``init_from_checkpoint`` and ``warm_start_from``: a
 ``_set_checkpoint_initializer`` (warm_start)              sharded table loads its rows of the stored table
+``tf.compat.v1.train.Saver`` (session)                    a user's Saver over sharded tables saves and restores
+                                                          them as logical tables (``collective.checkpoint.Saver``)
+``array_ops.zeros_like_impl``, ``ones_like_impl``          ``zeros_like(table)`` is known as made from the table
+(training)                                                (a variable made from it is the table's rows)
 ``feature_column._internal_input_layer``                  ``input_layer``: sharded lookups of all columns in
 (column_lookups)                                         one grouped exchange
 ``DenseFeatures.call`` (Keras, v1 and v2)                 the same for Keras ``DenseFeatures``

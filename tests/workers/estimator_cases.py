@@ -84,6 +84,23 @@ def metric_ops(labels, logits):
             "mse": tf.compat.v1.metrics.mean_squared_error(labels, prob)}
 
 
+def keras_metrics(labels, logits):
+    """Keras metrics, as the canned estimators use them: ``{name: (metric, its update op)}``.
+
+    Estimator adds their variables to ``METRIC_VARIABLES`` from a set, in an
+    order of each process's own: several of them tell a sum by position from
+    one by name.
+    """
+    metrics = {"label_mean": tf.keras.metrics.Mean(name="label_mean"),
+               "logit_mean": tf.keras.metrics.Mean(name="logit_mean"),
+               "keras_auc": tf.keras.metrics.AUC(num_thresholds=20, name="keras_auc"),
+               "keras_accuracy": tf.keras.metrics.BinaryAccuracy(name="keras_accuracy")}
+    prob = tf.sigmoid(logits)
+    inputs = {"label_mean": (labels,), "logit_mean": (logits,), "keras_auc": (labels, prob),
+              "keras_accuracy": (labels, prob)}
+    return {name: (metric, metric.update_state(*inputs[name])) for name, metric in metrics.items()}
+
+
 def sgd():
     return tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE)
 
@@ -104,7 +121,9 @@ def make_model_fn(strategy, optimizer=sgd, chief_hooks=lambda: []):
             return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits, "item": features["item"]})
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         if mode == tf.estimator.ModeKeys.EVAL:
-            return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metric_ops(labels, logits))
+            ops = metric_ops(labels, logits)
+            ops.update({name: metric for name, (metric, _) in keras_metrics(labels, logits).items()})
+            return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=ops)
         step = tf.compat.v1.train.get_or_create_global_step()
         train_op = optimizer().minimize(loss, global_step=step)
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_chief_hooks=chief_hooks())
@@ -201,9 +220,12 @@ def reference_eval(batches: Sequence[Batch], table, w, b) -> Dict[str, float]:
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
         ops = metric_ops(label, logits)
         ops["loss"] = tf.compat.v1.metrics.mean(loss)
+        keras = keras_metrics(label, logits)
+        ops.update({name: (metric.result(), update) for name, (metric, update) in keras.items()})
         update = tf.group([op[1] for op in ops.values()])
         with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.local_variables_initializer())
+            sess.run([tf.compat.v1.local_variables_initializer(),
+                      tf.compat.v1.variables_initializer([v for metric, _ in keras.values() for v in metric.variables])])
             for batch in batches:
                 sess.run(update, {item: batch["item"], x: batch["x"], label: batch["label"]})
             return {k: float(v) for k, v in sess.run({k: op[0] for k, op in ops.items()}).items()}
