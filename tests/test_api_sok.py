@@ -27,7 +27,7 @@ from workers import api_sok_cases as cases  # noqa: E402
 # (script, workers, optimizer, dtype): every worker count, every embedding optimizer, both recipes.
 TF2_RUNS = [("sok_tf2.py", 1, "sok_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float64"),
             ("sok_tf2.py", 3, "lazy_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float32")]
-RUNS = TF2_RUNS + [("sok_tf1.py", 3, "legacy_adam", "float64")]
+RUNS = TF2_RUNS + [("sok_tf1.py", 2, "legacy_adam", "float64")]
 
 
 def _run_id(run) -> str:
