@@ -248,8 +248,7 @@ def test_a_save_after_a_killed_save_of_the_same_step_holds_only_its_own_parts(tm
 
 
 # ---------------------------------------------------- variables derived from a table, a user's Saver, export
-# 2 workers under TF1 write; 3 under TF2 write their own, restore the 2 workers' (N -> M) and export (export
-# with TF1 reference variables fails in serving_deltas, before and after this change).
+# 2 workers under TF1 write and export; 3 under TF2 write their own, restore the 2 workers' (N -> M) and export.
 DERIVED_LAUNCHES = {2: ("-", "tf1"), 3: (2, "tf2")}
 
 
@@ -303,10 +302,10 @@ def test_resumed_ema_shadow_holds_each_workers_rows(derived, derived_reference):
         np.testing.assert_allclose(results[r]["shadow_rows"], shadow[r::n], rtol=1e-5, atol=1e-6, err_msg=f"rank {r}")
 
 
-def test_export_serves_what_the_predict_scaffold_saver_restores(tmp_path_factory, derived_reference):
+def test_export_serves_what_the_predict_scaffold_saver_restores(derived, derived_reference):
     """Regression: export_estimator ignored the PREDICT spec's scaffold.saver and served the raw weights; plain
-    TensorFlow's export serves the EMA weights that saver reads."""
-    _, results = _derived_launch(tmp_path_factory.getbasetemp(), 3)
+    TensorFlow's export serves the EMA weights that saver reads (TF1 behaviour on 2 workers, TF2 on 3)."""
+    _, _, results = derived
     exported = str(results[0]["exported"])
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], exported)

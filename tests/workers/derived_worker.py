@@ -3,7 +3,7 @@
 argv: out_dir, a checkpoint to restore the EMA weights from ("-": this run's), "tf1" or "tf2".
 Writes <out>/rank<r>.npz: ``ema_logits`` (the logits of every id after the restore), ``shadow_rows`` (this
 worker's rows of the table's EMA shadow, after resuming the checkpoint to restore from) and ``exported``; the
-checkpoint under <out>/model and, under TF2, rank 0's export under <out>/export.
+checkpoint under <out>/model and rank 0's export under <out>/export.
 """
 
 import os
@@ -42,7 +42,7 @@ with strategy.scope():
             sess.run(tf.compat.v1.local_variables_initializer())
             spec.scaffold.saver.restore(sess, checkpoint if restore_from == "-" else restore_from)
             ema_rows = sess.run(spec.predictions["logits"])
-    exported = None if behaviour == "tf1" else export_estimator(cases.serving_model_fn(strategy), None, None, os.path.join(out, "export"),
+    exported = export_estimator(cases.serving_model_fn(strategy), None, None, os.path.join(out, "export"),
                                 cases.serving_input_receiver_fn, checkpoint)
 np.savez(os.path.join(out, f"rank{r}.npz"), ema_logits=ema_rows, shadow_rows=shadow_rows,
          exported=np.array(exported.decode() if exported else ""))
