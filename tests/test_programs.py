@@ -1,86 +1,155 @@
-"""Generated user programs on N workers against one plain TensorFlow process.
+"""Generated user programs live a whole life on N, then M workers, against one plain TensorFlow process.
 
 Hypothesis draws programs from a grammar of what users write around our API
-(:func:`programs`): 1-2 tables with vocabularies smaller than N and not
-divisible by N, each looked up through ``embedding_lookup``,
-``embedding_lookup_sparse`` (sum, mean) or a Keras ``Embedding`` layer, with or
-without a regularizer; a dense head named ``head`` or after a table, with or
-without a regularizer; an optimizer of ``tf.compat.v1.train``, ``hb.train``,
-legacy Keras or Keras, built inside or outside the scope, called through
-``minimize``, ``compute_gradients`` + ``apply_gradients`` or ``tf.gradients`` +
-``apply_gradients``, with ``clip_by_global_norm``, ``clip_by_value``, a scaling
-or Keras' ``global_clipnorm`` between; a mean or summed loss; TF1 behaviour on
-or off; the backend; N from 1 to 3. Each program trains 3 steps on N workers
-(one launch per N runs all of its programs) and in one process on the global
-batch, and losses, tables, slots and dense weights must agree; the workers
-also save a checkpoint (``collective.checkpoint.Saver``) that the one process
-restores with TensorFlow's own ``Saver``: it must read the workers' logical
-tables, slots and weights.
+(:func:`programs`):
 
-Each example costs a share of a launch, so the programs are drawn up front
-(no shrinking): a failure prints the whole program. CI draws
-``COLLECTIVE_PROGRAMS`` (default 24) programs with seed
-``COLLECTIVE_PROGRAMS_SEED`` (default 2028). A longer search by hand::
+- 1-2 tables with vocabularies smaller than N and not divisible by N, each
+  reached through ``tf.nn.embedding_lookup``, ``tf.nn.embedding_lookup_sparse``
+  (sum, mean), a Keras ``Embedding`` layer, or a feature column of
+  ``input_layer``: ``embedding_column``, a weighted column,
+  ``shared_embedding_columns`` over two features, or a hash column
+  (``collective.hash_embedding_column.categorical_column_with_embedding``)
+  with or without a ``fixed_size_partitioner`` variable scope; a variable
+  table with or without a regularizer, made inside ``embedding_scope()`` or
+  outside it;
+- a dense head named ``head`` or after a table, with or without a regularizer;
+- an optimizer of ``tf.compat.v1.train``, ``hb.train``, legacy Keras or Keras,
+  built inside or outside the scope, called through ``minimize``,
+  ``compute_gradients`` + ``apply_gradients`` or ``tf.gradients`` +
+  ``apply_gradients``, with ``clip_by_global_norm``, ``clip_by_value``, a
+  scaling or Keras' ``global_clipnorm`` between; a mean or summed loss;
+- TF1 behaviour (``disable_v2_behavior``: ref variables) or TF2's; the backend;
+- the engine: a raw session with ``collective.checkpoint.Saver``,
+  ``MonitoredTrainingSession`` (``hb.train``'s for the ``hb.train``
+  optimizers, HybridBackend's recipe) or ``strategy.estimator``;
+- N from 1 to 3 workers, and M: 0 (the program's life ends with its first
+  checkpoint) or the 1 to 3 workers it resumes on.
 
-    COLLECTIVE_PROGRAMS=300 COLLECTIVE_PROGRAMS_SEED=$RANDOM .venv/bin/python -m pytest -q tests/test_programs.py
+The life (tests/workers/program_life.py): ``STEPS`` steps on N workers and a
+full checkpoint, then for a program that lives on one more step saved as a
+delta; its newest complete chain restored on M workers, 2 more steps, a full
+checkpoint, an export (``strategy.export_saved_model`` or the Estimator's
+``export_saved_model``), one more step saved as a delta and a serving update
+(``update_saved_model``). One plain process lives the same life on the global
+batches. Compared: every step's loss (the workers' mean); after the first life
+the tables, slots and dense weights (not an Estimator's); each full checkpoint
+restored by TensorFlow's own ``Saver`` in the plain process at the checkpoint's
+step against its own values (a hash column's keys and rows, read with
+``tf.train.load_variable``, against its stand-in's rows of those keys); and the
+predictions plain TensorFlow serves from versions 1 and 2
+(``tf.compat.v1.saved_model.load`` in this process) against the plain
+process's after the same steps.
+
+Launches: one per N runs every program's first life (and the plain process of
+those that end there); one per M runs the second lives of the programs resumed
+on M (and their plain process): at most 6 launches. Each example costs a share
+of a launch, so the programs are drawn up front (no shrinking): a failure
+prints the whole program. CI runs the defects' programs (``REGRESSIONS``),
+three whole lives (``LIVES_ALWAYS``: each engine, each TF behaviour, every model
+kind) and ``COLLECTIVE_PROGRAMS`` (default 10) programs drawn with seed
+``COLLECTIVE_PROGRAMS_SEED`` (default 2028), of which the first
+``COLLECTIVE_PROGRAM_LIVES`` (default 2) keep their drawn second life (the CPU
+budget: a whole life costs about ten first lives). With 6 or more, three more
+whole lives run (``LIVES_MORE``: each engine under both behaviours). A longer
+search by hand, every drawn program living its whole life::
+
+    COLLECTIVE_PROGRAMS=300 COLLECTIVE_PROGRAM_LIVES=300 COLLECTIVE_PROGRAMS_SEED=$RANDOM \
+        nice .venv/bin/python -m pytest -q tests/test_programs.py
+
+The grammar refuses what fails today for a reason outside this file, each named
+where it is refused (issue 42's note reports them).
 """
 
+import atexit
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 from typing import Dict, List
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from launcher import launch_once, load_rank_results, run_workers
-from workers import program_cases
+from workers import program_cases, program_life
 
-COUNT = int(os.environ.get("COLLECTIVE_PROGRAMS", "24"))
+COUNT = int(os.environ.get("COLLECTIVE_PROGRAMS", "10"))
 SEED = int(os.environ.get("COLLECTIVE_PROGRAMS_SEED", "2028"))
+# How many of the drawn programs live on after their first checkpoint (resume on M workers, export, update).
+LIVES = int(os.environ.get("COLLECTIVE_PROGRAM_LIVES", "2"))
 RTOL, ATOL = 1e-4, 1e-5
 NAMES = ("item", "user", "category")
+ENTRIES = ("lookup", "sparse_sum", "sparse_mean", "keras_embedding", "column", "weighted_column", "shared_column",
+           "hash_column")
 CALLS = {"v1": ("minimize", "compute_apply", "tf_gradients"), "hb": ("minimize", "compute_apply", "tf_gradients"),
          "keras_legacy": ("tf_gradients",), "keras": ("tf_gradients",)}
 # Transforms between computing and applying: after compute_gradients any; gradients of tf.gradients are not
 # averaged until apply_gradients (docs/support.md), so only transforms that commute with averaging go there.
 TRANSFORMS = {"compute_apply": ("none", "clip_global", "clip_value", "scale"), "minimize": ("none",),
               "tf_gradients": ("none", "scale")}
-pytestmark = pytest.mark.timeout(900)
+# The first test waits for up to four launches; a longer search's launches run longer.
+pytestmark = pytest.mark.timeout(900 + 120 * COUNT)
+# Each program's model_dir and exports, from its first launch (N workers) to its second (M workers).
+WORK = pathlib.Path(tempfile.mkdtemp(prefix="programs-"))
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
+
+
+@st.composite
+def _table_spec(draw, name: str) -> dict:
+    entry = draw(st.sampled_from(ENTRIES))
+    plain_variable = entry in ("lookup", "sparse_sum", "sparse_mean")
+    spec = {"name": name, "vocab": draw(st.sampled_from((1, 2, 5, 7, 13))), "dim": draw(st.sampled_from((2, 3))),
+            "entry": entry, "regularizer": draw(st.sampled_from((0.0, 0.05))) if plain_variable else 0.0,
+            "outside": plain_variable and draw(st.sampled_from((False, False, True)))}
+    if entry == "hash_column":
+        spec["vocab"] = len(program_cases.KEY_POOL)
+        spec["partitioner"] = draw(st.booleans())
+    return spec
 
 
 @st.composite
 def programs(draw) -> dict:
-    """One user program (see program_cases)."""
+    """One user program (see program_cases and program_life)."""
     names = draw(st.permutations(NAMES))[:draw(st.integers(1, 2))]
-    tables = []
-    for name in names:
-        entry = draw(st.sampled_from(("lookup", "sparse_sum", "sparse_mean", "keras_embedding")))
-        tables.append({"name": name, "vocab": draw(st.sampled_from((1, 2, 5, 7, 13))),
-                       "dim": draw(st.sampled_from((2, 3))), "entry": entry,
-                       "regularizer": 0.0 if entry == "keras_embedding" else draw(st.sampled_from((0.0, 0.05))),
-                       "outside": entry != "keras_embedding" and draw(st.sampled_from((False, False, True)))})
+    tables = [draw(_table_spec(name)) for name in names]
     family = draw(st.sampled_from(tuple(CALLS)))
-    call = draw(st.sampled_from(CALLS[family]))
-    transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") else ())
+    # Keras optimizers (legacy too) make slots of reference variables wrongly, and those of TF 2.11+ refuse
+    # them: TF1 behaviour (no resource variables) fails with them in one process too.
+    tf1 = False if family.startswith("keras") else draw(st.booleans())
+    # Refused, a defect reported in issue 42's note: under TF1 behaviour, tf.gradients + apply_gradients trains
+    # differently on the workers than in one process, and differently after other programs ran in the same
+    # process (seed 2028's p21, p32, p33: losses apart from step 2 on 1 and 2 workers).
+    call = draw(st.sampled_from(tuple(c for c in CALLS[family] if not (tf1 and c == "tf_gradients"))))
+    # Refused, a defect reported in issue 42's note: Keras' global_clipnorm over a feature column's table trains
+    # apart from one process, on 1 worker too (seed 2028's p18, p23: 0.2% apart at step 2).
+    columns = any(t["entry"] in program_cases.COLUMN_ENTRIES for t in tables)
+    transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") and not columns else ())
+    # HybridBackend's optimizers run in its own MonitoredTrainingSession (its recipe); an Estimator's model_fn
+    # builds the optimizer where it builds the model. Refused, a defect reported in issue 42's note: an
+    # Estimator with a Keras optimizer trains apart from one process (seed 2028's p18, p25).
+    engines = ("session", "mts") + (() if family.startswith("keras") else ("estimator",))
+    engine = "mts" if family == "hb" else draw(st.sampled_from(engines))
     return {
         "seed": draw(st.integers(0, 10_000)),
         "workers": 1,
+        "resume": draw(st.sampled_from((0, 1, 2, 3))),
         "backend": draw(st.sampled_from(("hb", "sok", "replicated"))),
+        "engine": engine,
         "tables": tables,
         "dense_name": draw(st.sampled_from(("head",) + tuple(names))),
         "dense_regularizer": draw(st.sampled_from((0.0, 0.05))),
         "optimizer": {"family": family, "kind": draw(st.sampled_from(("sgd", "adagrad", "adam", "momentum"))),
-                      "where": draw(st.sampled_from(("inside", "outside"))), "call": call},
+                      "where": "inside" if engine == "estimator" else draw(st.sampled_from(("inside", "outside"))),
+                      "call": call},
         "transform": draw(st.sampled_from(transforms)),
         "clip": draw(st.sampled_from((0.05, 0.5))),
-        "reduction": draw(st.sampled_from(("mean", "sum"))),
-        # Keras optimizers (legacy too) make slots of reference variables wrongly, and those of TF 2.11+ refuse
-        # them: TF1 behaviour (no resource variables) fails with them in one process too.
-        "tf1": False if family.startswith("keras") else draw(st.booleans()),
+        # A summed loss can diverge within a whole life; the Estimator's NanTensorHook then stops training.
+        "reduction": "mean" if engine == "estimator" else draw(st.sampled_from(("mean", "sum"))),
+        "tf1": tf1,
     }
 
 
@@ -99,6 +168,13 @@ def draw_programs(count: int, seed_value: int) -> List[dict]:
     drawn = list(found.values())
     for i, program in enumerate(drawn):  # as many programs on 2 and 3 workers as on 1, whatever was drawn
         program["workers"] = (2, 3, 1)[i % 3]
+        if i >= LIVES:  # the CPU budget: the others' life ends with their first checkpoint
+            program["resume"] = 0
+        for table in program["tables"]:
+            # Refused, a defect reported in issue 42's note: a weighted column's table resumed on 3 workers fails
+            # in its next save ("Requires start <= limit when delta > 0: 2/1" in collective_save; seed 2028's p23).
+            if table["entry"] == "weighted_column" and 3 in (program["workers"], program["resume"]):
+                table["entry"] = "column"
     return drawn
 
 
@@ -112,8 +188,13 @@ def _program(workers: int = 2, backend: str = "hb", tables=None, family: str = "
 
 
 def _table(name: str = "item", vocab: int = 7, entry: str = "lookup", regularizer: float = 0.0,
-           outside: bool = False) -> dict:
-    return {"name": name, "vocab": vocab, "dim": 3, "entry": entry, "regularizer": regularizer, "outside": outside}
+           outside: bool = False, **extra) -> dict:
+    return {"name": name, "vocab": vocab, "dim": 3, "entry": entry, "regularizer": regularizer, "outside": outside,
+            **extra}
+
+
+def _hash(name: str, partitioner: bool) -> dict:
+    return _table(name, len(program_cases.KEY_POOL), "hash_column", partitioner=partitioner)
 
 
 # The defects of issue 28 and its acceptance lines, as programs: each failed before its fix.
@@ -133,30 +214,77 @@ REGRESSIONS = {
         tables=[_table(), _table("user", 13, "sparse_sum")])
        for backend in ("hb", "sok", "replicated") for n in (2, 3)},
 }
-PROGRAMS = list(REGRESSIONS.values()) + draw_programs(COUNT, SEED)
-NAMES_OF = {i: name for i, name in enumerate(REGRESSIONS)}
+# Whole lives that CI always runs: each engine, each TF behaviour, N -> M from 1 to 3, in two second-life
+# launches (M = 3 and 1); every model kind.
+LIVES_ALWAYS = {
+    "life-tf1-session-hash-partitioned-2-to-3": _program(
+        tf1=True, engine="session", resume=3, call="compute_apply", transform="clip_global", kind="adagrad",
+        tables=[_table(), _hash("user", True)]),
+    "life-tf2-mts-keras-weighted-2-to-1": _program(
+        engine="mts", resume=1, backend="sok", family="keras", call="tf_gradients", kind="adam",
+        tables=[_table(entry="keras_embedding"), _table("user", 5, "weighted_column")]),
+    "life-tf1-estimator-shared-hash-1-to-3": _program(
+        workers=1, tf1=True, engine="estimator", resume=3, kind="momentum", backend="replicated",
+        tables=[_table(entry="shared_column", vocab=5), _hash("user", False)]),
+}
+# More whole lives, for a longer search (COLLECTIVE_PROGRAM_LIVES >= 6): the other engine of each behaviour.
+LIVES_MORE = {
+    "life-tf1-hb-mts-columns-3-to-1": _program(
+        workers=3, tf1=True, engine="mts", resume=1, backend="sok", family="hb", kind="adagrad", where="outside",
+        tables=[_table(entry="column"), _table("user", 13, "sparse_sum")]),
+    "life-tf2-session-hash-partitioned-2-to-1": _program(
+        engine="session", resume=1, backend="replicated", call="compute_apply", kind="adam",
+        tables=[_hash("item", True), _table("user", 13, "sparse_mean")]),
+    "life-tf2-estimator-shared-1-to-3": _program(
+        workers=1, engine="estimator", resume=3, dense_regularizer=0.05, dense_name="user",
+        tables=[_table(entry="shared_column"), _table("user", 13, regularizer=0.05)]),
+}
+if LIVES < 6:
+    LIVES_MORE = {}
+PROGRAMS = list(REGRESSIONS.values()) + list(LIVES_ALWAYS.values()) + list(LIVES_MORE.values()) \
+    + draw_programs(COUNT, SEED)
+NAMES_OF = dict(enumerate(list(REGRESSIONS) + list(LIVES_ALWAYS) + list(LIVES_MORE)))
 
 
-@launch_once
-def _launch(n: int) -> List[Dict[str, np.ndarray]]:
-    mine = [p for p in PROGRAMS if p["workers"] == n]
-    with tempfile.TemporaryDirectory(prefix=f"programs-{n}-") as out:
+def _run(programs: List[dict], n: int, life: int) -> List[Dict[str, np.ndarray]]:
+    with tempfile.TemporaryDirectory(prefix=f"programs-{life}-{n}-") as out:
         path = pathlib.Path(out) / "programs.json"
-        path.write_text(json.dumps(mine))
-        run_workers("program_worker.py", n, [str(path), out], timeout=600)
+        path.write_text(json.dumps([{**p, "index": PROGRAMS.index(p)} for p in programs]))
+        run_workers("program_worker.py", n, [str(path), str(WORK), out, str(life)],
+                    timeout=300 + 60 * len(programs))
         return load_rank_results(pathlib.Path(out), n)
 
 
-def _results(program: dict):
-    n = program["workers"]
-    index = next(i for i, p in enumerate(p for p in PROGRAMS if p["workers"] == n) if p is program)
-    ranks = _launch(n)
+@launch_once
+def _first_lives(n: int) -> List[Dict[str, np.ndarray]]:
+    """The first life of every program on ``n`` workers (one launch), and the plain process of those it ends."""
+    return _run([p for p in PROGRAMS if p["workers"] == n], n, 1)
 
-    def part(res, side):
-        prefix = f"{index}/{side}/"
-        return {k[len(prefix):]: v for k, v in res.items() if k.startswith(prefix)}
 
-    return [part(res, "dist") for res in ranks], part(ranks[0], "plain")
+@launch_once
+def _second_lives(m: int) -> List[Dict[str, np.ndarray]]:
+    """The second life of every program resumed on ``m`` workers (one launch), and their plain process."""
+    mine = [p for p in PROGRAMS if p.get("resume") == m]
+    for n in sorted({p["workers"] for p in mine}):
+        try:
+            _first_lives(n)
+        except Exception:  # pylint: disable=broad-except  (its programs report their missing first life)
+            pass
+    return _run(mine, m, 2)
+
+
+def _part(res: Dict[str, np.ndarray], index: int, side: str) -> Dict[str, np.ndarray]:
+    prefix = f"{index}/{side}/"
+    return {k[len(prefix):]: v for k, v in res.items() if k.startswith(prefix)}
+
+
+def _serve(version: str, inputs: Dict[str, np.ndarray]) -> np.ndarray:
+    """What plain TensorFlow serves from SavedModel ``version`` for ``inputs`` (its default signature)."""
+    with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], version)
+        signature = meta.signature_def[tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY]
+        feed = {info.name: inputs[key] for key, info in signature.inputs.items()}
+        return sess.run(signature.outputs["prediction"].name, feed)
 
 
 def _logical(ranks: List[Dict[str, np.ndarray]], key: str, layout: str) -> np.ndarray:
@@ -173,45 +301,74 @@ def _logical(ranks: List[Dict[str, np.ndarray]], key: str, layout: str) -> np.nd
     return out
 
 
-@pytest.mark.parametrize("index", range(len(PROGRAMS)),
-                         ids=[NAMES_OF.get(i, f"p{i}-{p['workers']}w-{p['backend']}-{p['optimizer']['family']}")
-                              for i, p in enumerate(PROGRAMS)])
-def test_program_trains_what_one_process_trains(index):
-    program = PROGRAMS[index]
-    ranks, plain = _results(program)
-    shown = f"\nthe program:\n{program_cases.describe(program)}"
-    errors = [str(res["error"]) for res in ranks + [plain] if "error" in res]
-    assert not errors, "\n".join(errors) + shown
-    failures = []
-
-    def compare(what, got, want):
+class _Failures(list):
+    def compare(self, what: str, got, want) -> None:
         try:
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-        except AssertionError as err:
-            failures.append(f"{what}: {' '.join(str(err).split())[:600]}")
+        except (AssertionError, ValueError) as err:
+            self.append(f"{what}: {' '.join(str(err).split())[:600]}")
 
-    compare("losses (mean over workers)", np.mean([res["losses"] for res in ranks], axis=0), plain["losses"])
+
+def _check_first_life(ranks, plain, failures: _Failures) -> None:
+    steps = len(ranks[0]["losses"])
+    failures.compare("first life's losses (mean over workers)", np.mean([res["losses"] for res in ranks], axis=0),
+                     plain["losses"][:steps])
+    if "layout" not in ranks[0]:  # an Estimator: compared through its checkpoints
+        return
     layouts = ranks[0]["layout"]
-    for key in sorted(plain):
-        if key.startswith("table/") or key.startswith("slot/"):
-            table = int(key.split("/")[1])
-            if key not in ranks[0]:
-                failures.append(f"{key}: missing on the workers")
-                continue
+    for key in sorted(k[len("life1/"):] for k in plain if k.startswith("life1/")):
+        want = plain[f"life1/{key}"]
+        if key.startswith("dense/"):
+            for r, res in enumerate(ranks):
+                failures.compare(f"{key} rank {r}", res[key], want)
+        elif key not in ranks[0]:
+            failures.append(f"{key}: missing on the workers")
+        else:
             try:
-                compare(key, _logical(ranks, key, str(layouts[table])), plain[key])
+                failures.compare(key, _logical(ranks, key, str(layouts[int(key.split("/")[1])])), want)
             except AssertionError as err:
                 failures.append(" ".join(str(err).split())[:600])
-        elif key.startswith("dense/"):
-            for r, res in enumerate(ranks):
-                compare(f"{key} rank {r}", res[key], plain[key])
-    for key in sorted(k for k in plain if k.startswith("restored/")):  # the workers' checkpoint, read by one process
-        what = key[len("restored/"):]
-        if what.startswith("dense/"):
-            compare(f"{what} from the checkpoint", plain[key], ranks[0][what])
-        else:
-            compare(f"{what} from the checkpoint", plain[key],
-                    _logical(ranks, what, str(layouts[int(what.split("/")[1])])))
-    extra = sorted(k for k in ranks[0] if k.startswith("slot/") and k not in plain)
-    assert not extra, f"slots only on the workers: {extra}{shown}"
+    extra = sorted(k for k in ranks[0] if k.startswith("slot/") and f"life1/{k}" not in plain)
+    if extra:
+        failures.append(f"slots only on the workers: {extra}")
+
+
+def _check_checkpoints(plain, tags, failures: _Failures) -> None:
+    """Each full checkpoint, restored by TF's own Saver in the plain process, holds what it held at that step."""
+    for tag in tags:
+        restored = sorted(k for k in plain if k.startswith(f"restored{tag}/"))
+        if not restored:
+            failures.append(f"checkpoint {tag}: the plain process restored none")
+        for key in restored:
+            what = key[len(f"restored{tag}/"):]
+            failures.compare(f"checkpoint {tag}: {what}", plain[key], plain[f"at{tag}/{what}"])
+
+
+@pytest.mark.parametrize("index", range(len(PROGRAMS)),
+                         ids=[NAMES_OF.get(i, f"p{i}-{p['workers']}w-{p['backend']}-{p['optimizer']['family']}-"
+                                              f"{program_cases.engine(p)}" + (f"-resume{p['resume']}w"
+                                                                              if p.get("resume") else ""))
+                              for i, p in enumerate(PROGRAMS)])
+def test_program_lives_what_one_process_lives(index):
+    program = PROGRAMS[index]
+    shown = f"\nthe program:\n{program_cases.describe(program)}"
+    first = [_part(res, index, "dist") for res in _first_lives(program["workers"])]
+    second = [_part(res, index, "dist") for res in _second_lives(program["resume"])] if program.get("resume") \
+        else []
+    plain = _part((_second_lives(program["resume"]) if program.get("resume") else
+                   _first_lives(program["workers"]))[0], index, "plain")
+    errors = [str(res["error"]) for res in first + second + [plain] if "error" in res]
+    assert not errors, "\n".join(errors) + shown
+    failures = _Failures()
+    _check_first_life(first, plain, failures)
+    _check_checkpoints(plain, ("1", "2") if program.get("resume") else ("1",), failures)
+    if program.get("resume"):
+        failures.compare("second life's losses (mean over workers)",
+                         np.mean([res["losses"] for res in second], axis=0),
+                         plain["losses"][program_life.first_steps(program):])
+        record = json.loads((WORK / f"program{index}" / "model" / "life2.json").read_text())
+        inputs = program_cases.serving_batch(program)
+        for version, key in ((record["v1"], "serve1"), (record["v2"], "serve2")):
+            failures.compare(f"served by {version} (plain TF) vs the plain process", _serve(version, inputs),
+                             plain[key])
     assert not failures, "\n".join(failures) + shown
