@@ -11,6 +11,7 @@ delta save after the delta's files are merged and before its manifest is
 written; the 3-worker launch resumes it from its newest complete delta.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -289,28 +290,33 @@ def _small_model(strategy):
     return ids, table, tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss, global_step=step), step
 
 
+@contextlib.contextmanager
+def _small_session(tmp_path):
+    """``(session, Saver, checkpoint path, ids, table, train op, step)`` of :func:`_small_model`, initialised."""
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        ids, table, train, step = _small_model(strategy)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            yield sess, Saver(), str(tmp_path / "model.ckpt"), ids, table, train, step
+
+
 def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
     """Regression (issue 40, 1): a manifest named its predecessor by file name only. Restoring an older step and
     training on (as a ChainError advises) replaced deltas 2-3, but the old 4 -> 3 -> 2 -> 1 verified link by link:
     latest_incremental_checkpoint returned the abandoned old delta 4 and restore loaded a model of neither history.
     Now each manifest records its predecessor's SHA-256, and a delta save retires the later steps' deltas."""
-    strategy = CollectiveStrategy("hb")
-    path = str(tmp_path / "model.ckpt")
-    with strategy.scope(), tf.Graph().as_default():
-        ids, table, train, step = _small_model(strategy)
-        saver = Saver()
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            saver.save(sess, path, global_step=step)
-            for batch in ([1], [2], [3], [4]):
-                sess.run(train, {ids: batch})
-                saver.save_incremental(sess, path, global_step=step)
-            old_four = {p.name: p.read_bytes() for p in tmp_path.glob("model.ckpt-4.delta*")}
-            saver.restore(sess, f"{path}-1.delta")
-            for batch in ([5, 6], [7]):
-                sess.run(train, {ids: batch})
-                saver.save_incremental(sess, path, global_step=step)
-            want = sess.run(table)
+    with _small_session(tmp_path) as (sess, saver, path, ids, table, train, step):
+        saver.save(sess, path, global_step=step)
+        for batch in ([1], [2], [3], [4]):
+            sess.run(train, {ids: batch})
+            saver.save_incremental(sess, path, global_step=step)
+        old_four = {p.name: p.read_bytes() for p in tmp_path.glob("model.ckpt-4.delta*")}
+        saver.restore(sess, f"{path}-1.delta")
+        for batch in ([5, 6], [7]):
+            sess.run(train, {ids: batch})
+            saver.save_incremental(sess, path, global_step=step)
+        want = sess.run(table)
     assert not list(tmp_path.glob("model.ckpt-4.delta*"))  # retired by the save of step 3
     assert latest_incremental_checkpoint(str(tmp_path)) == f"{path}-3.delta"
     for name, data in old_four.items():  # the abandoned delta copied back (say, from another copy of the model_dir)
@@ -319,6 +325,7 @@ def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
                                          r"it was saved after .* The last complete step is 3"):
         manifest.verify_chain(f"{path}-4.delta")
     assert latest_incremental_checkpoint(str(tmp_path)) == f"{path}-3.delta"
+    strategy = CollectiveStrategy("hb")
     with strategy.scope(), tf.Graph().as_default():
         _, table, _, _ = _small_model(strategy)
         with tf.compat.v1.Session() as sess:
@@ -330,24 +337,18 @@ def test_a_damaged_base_is_refused_before_anything_is_written(tmp_path):
     """Regression (issue 40, 7): the chain check compared the base's index checksum and its data files' sizes
     only; a flipped byte in a data file passed, and the restore failed with TensorFlow's DataLossError after
     variables were written. The base's data files are now checked against the SHA-256 its chain recorded."""
-    strategy = CollectiveStrategy("hb")
-    path = str(tmp_path / "model.ckpt")
-    with strategy.scope(), tf.Graph().as_default():
-        ids, table, train, step = _small_model(strategy)
-        saver = Saver()
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            sess.run(train, {ids: [1, 2]})
-            saver.save(sess, path, global_step=step)
-            sess.run(train, {ids: [3]})
-            delta = saver.save_incremental(sess, path, global_step=step)
-            data = max(tmp_path.glob("model.ckpt-1.data-*"), key=lambda p: p.stat().st_size)
-            raw = bytearray(data.read_bytes())
-            raw[len(raw) // 2] ^= 1
-            data.write_bytes(bytes(raw))
-            sess.run([table.assign(tf.fill([8, 2], 7.0)), step.assign(42)])
-            with pytest.raises(ChainError, match=rf"its base checkpoint {re.escape(path)}-1 is damaged: its file "
-                                                 rf"{data.name} does not match the SHA-256"):
-                saver.restore(sess, delta)
-            np.testing.assert_array_equal(sess.run(table), np.full([8, 2], 7.0))  # nothing was written
-            assert sess.run(step) == 42
+    with _small_session(tmp_path) as (sess, saver, path, ids, table, train, step):
+        sess.run(train, {ids: [1, 2]})
+        saver.save(sess, path, global_step=step)
+        sess.run(train, {ids: [3]})
+        delta = saver.save_incremental(sess, path, global_step=step)
+        data = max(tmp_path.glob("model.ckpt-1.data-*"), key=lambda p: p.stat().st_size)
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 1
+        data.write_bytes(bytes(raw))
+        sess.run([table.assign(tf.fill([8, 2], 7.0)), step.assign(42)])
+        with pytest.raises(ChainError, match=rf"its base checkpoint {re.escape(path)}-1 is damaged: its file "
+                                             rf"{data.name} does not match the SHA-256"):
+            saver.restore(sess, delta)
+        np.testing.assert_array_equal(sess.run(table), np.full([8, 2], 7.0))  # nothing was written
+        assert sess.run(step) == 42
