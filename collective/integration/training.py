@@ -238,17 +238,38 @@ def averaged_compute(optimizer, compute: Callable, *args, **kwargs):
     return pairs
 
 
+def gradients_before_updates(pairs: List[tuple]) -> List[tuple]:
+    """The pairs, their gradients gated: none is available before all are computed, where updates could race.
+
+    A reference variable (TF1 behaviour) is read when the op reading it runs,
+    and gradients of ``tf.gradients`` are not gated (``gate_gradients=False``):
+    a backward op may read a variable after another gradient's update wrote it,
+    so one process's result varies from run to run. Gated, every update
+    follows every read of the backward pass, as ``compute_gradients``' gating
+    and resource variables (a read is a value) give.
+    """
+    if tf.executing_eagerly() or not any(getattr(var, "dtype", tf.float32)._is_ref_dtype  # pylint: disable=protected-access
+                                         for _, var in pairs):
+        return pairs
+    at = [i for i, (grad, _) in enumerate(pairs) if isinstance(grad, (tf.Tensor, tf.IndexedSlices))]
+    gated = list(pairs)
+    for i, grad in zip(at, tf.tuple([pairs[i][0] for i in at])):
+        gated[i] = (grad, pairs[i][1])
+    return gated
+
+
 def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once.
 
-    The result also marks the table rows the update can change, for
+    Every gradient is computed before any update (:func:`gradients_before_updates`). The result also marks the
+    table rows the update can change, for
     incremental checkpoints (:mod:`collective.checkpoint.touched`), and then
     runs the eviction of hash tables with a vocabulary policy when it is due
     (:mod:`collective.embedding.hash_table.dynamic`).
     """
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     tables.watch_slots(optimizer, table_growth.remember_slot)
-    pairs = average_gradients(grads_and_vars)
+    pairs = gradients_before_updates(average_gradients(grads_and_vars))
     table_growth.watch_updates(optimizer, [v for _, v in pairs])  # a growing table's slots grow before updates
     done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]

@@ -314,7 +314,12 @@ def train_op(program: dict, model: Model, optimizer, step=None):
         if call == "compute_apply":
             pairs = optimizer.compute_gradients(model.loss, var_list=variables)
         else:
-            pairs = list(zip(tf.gradients(model.loss, variables), variables))
+            grads = tf.gradients(model.loss, variables)
+            if model.plain and program["tf1"]:
+                # Ungated, one process's updates race its backward pass's reads of reference variables, and its
+                # result varies from run to run (docs/support.md); the workers train what it trains gated.
+                grads = tf.tuple(grads)
+            pairs = list(zip(grads, variables))
         op = optimizer.apply_gradients(_transform(program, pairs), **at)
     if keras and step is not None:
         with tf.control_dependencies([op]):
