@@ -2,12 +2,12 @@
 
 ``tf.clip_by_global_norm`` sums the squares of what each gradient holds. A
 table's gradient in one process is ``IndexedSlices`` whose slices depend on
-the lookup: one slice per id for ``embedding_lookup`` (and weighted combined
-lookups), one per distinct id of the whole batch for unweighted combined
-lookups (TensorFlow deduplicates them). On N workers a table's gradient holds
-only this worker's rows, and an averaged replicated variable's slices come
-from every worker's own batch, so the plain sum of squares is not one
-process's.
+the lookup: one slice per id for ``embedding_lookup``, one per distinct id of
+the whole batch for combined lookups, weighted or not (TensorFlow's
+``embedding_lookup_sparse`` looks up the unique ids). On N workers a table's
+gradient holds only this worker's rows, and an averaged replicated
+variable's slices come from every worker's own batch, so the plain sum of
+squares is not one process's.
 
 Every lookup made in ``CollectiveStrategy.scope()`` records itself
 (:func:`record`). ``compute_gradients`` then attaches to each sparse
@@ -40,28 +40,19 @@ class _Lookup(NamedTuple):
     table: object
     output: tf.Tensor   # what the lookup returned
     kind: str           # OCCURRENCE: one slice per id in one process; DISTINCT: one per distinct id of the batch
-    # A combined lookup's ids' segments and weights, and its combiner; None for one vector per id.
-    segments: Optional[tf.Tensor] = None
-    weights: Optional[tf.Tensor] = None
-    combiner: Optional[str] = None
 
 
 _lookups: "weakref.WeakKeyDictionary[tf.Graph, List[_Lookup]]" = weakref.WeakKeyDictionary()
 _attached: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, object]]" = weakref.WeakKeyDictionary()
 
 
-def record(table, output: tf.Tensor, segments: Optional[tf.Tensor] = None, weights: Optional[tf.Tensor] = None,
-           combiner: Optional[str] = None) -> None:
-    """Records a lookup of ``table`` that returned ``output``.
-
-    Plain lookups (one vector per id) give no ``combiner``; combined ones give
-    their ids' ``segments``, ``weights`` (None: unweighted, which TensorFlow
-    deduplicates) and ``combiner``.
-    """
+def record(table, output: tf.Tensor, combiner: Optional[str] = None) -> None:
+    """Records a lookup of ``table`` that returned ``output``: one vector per id, or with ``combiner`` one per
+    sample, combined from its ids' vectors (weighted or not)."""
     if tf.executing_eagerly() or getattr(_local, "muted", False) or not hasattr(output, "graph"):
         return
-    kind = DISTINCT if combiner is not None and weights is None else OCCURRENCE
-    _lookups.setdefault(output.graph, []).append(_Lookup(table, output, kind, segments, weights, combiner))
+    kind = DISTINCT if combiner is not None else OCCURRENCE
+    _lookups.setdefault(output.graph, []).append(_Lookup(table, output, kind))
 
 
 class muted:  # pylint: disable=invalid-name
@@ -109,7 +100,7 @@ def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
             continue
         grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
         if lk.kind == OCCURRENCE:  # one process's slice per id: this worker's, scaled to the global mean
-            summed.append(_occurrence_square_norm(lk, grad / n))
+            summed.append(tf.reduce_sum(tf.square(grad / n)))
             continue
         rows = _table_gradient_of(lk, grad, var)
         if rows is None:
@@ -127,21 +118,6 @@ def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
     if n > 1 and summed:
         total = comm.allreduce(total, "sum")
     return total + tf.add_n(whole) if whole else total
-
-
-def _occurrence_square_norm(lookup: _Lookup, upstream: tf.Tensor) -> tf.Tensor:
-    """Sum of squares of one slice per id: ``upstream`` itself, or for a combined lookup each id's share of its segment's."""
-    if lookup.combiner is None:
-        return tf.reduce_sum(tf.square(upstream))
-    weights = tf.cast(lookup.weights, tf.float32)
-    segments = tf.cast(lookup.segments, tf.int64)
-    count = tf.shape(upstream, out_type=tf.int64)[0]
-    if lookup.combiner == "mean":
-        weights = weights / tf.gather(tf.math.unsorted_segment_sum(weights, segments, count), segments)
-    elif lookup.combiner == "sqrtn":
-        weights = weights / tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(tf.square(weights), segments, count)),
-                                      segments)
-    return tf.reduce_sum(tf.square(weights) * tf.gather(tf.reduce_sum(tf.square(upstream), axis=1), segments))
 
 
 def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf.IndexedSlices]:

@@ -72,7 +72,7 @@ def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.T
         for i, out in zip(indices, exchanges.get(name).exchange([prepared[i] for i in indices])):
             outputs[i] = out
     for p, out in zip(prepared, outputs):
-        gradient_norms.record(p.req.table, out, p.segments, p.weights, p.req.combiner)
+        gradient_norms.record(p.req.table, out, p.req.combiner)
     return outputs
 
 

@@ -66,8 +66,7 @@ def embedding_lookup_sparse_impl(params, segment_ids, sp_weights, ids, combiner,
                 params, segment_ids, sp_weights, ids, combiner, ignore_weights, max_norm, allow_fast_lookup,
                 partition_strategy, name)
         if not isinstance(params, (list, tuple)) or len(params) == 1:
-            gradient_norms.record(params[0] if isinstance(params, (list, tuple)) else params, out, segment_ids,
-                                  None if ignore_weights else sp_weights.values, combiner or "mean")
+            gradient_norms.record(params[0] if isinstance(params, (list, tuple)) else params, out, combiner or "mean")
         return out
     if max_norm is not None:
         raise ValueError(f"max_norm is not supported for the sharded table '{info.name}'; clip the combined "
