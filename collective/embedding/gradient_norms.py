@@ -86,13 +86,30 @@ def attach(loss, pairs) -> None:
             attached[dense.ref()] = functools.partial(_allreduced_square_norm, dense)
 
 
+def attaching(owner, attribute: str):
+    """A replacement of ``owner.attribute`` (``tf.gradients``) that attaches to the gradients it returns the norms
+    one process's would have (:func:`attach`), as ``compute_gradients`` does: Keras' ``global_clipnorm`` clips them
+    inside ``apply_gradients``."""
+
+    @functools.wraps(getattr(owner, attribute))
+    def gradients(ys, xs, *args, **kwargs):
+        grads = patches.original(owner, attribute)(ys, xs, *args, **kwargs)
+        losses = ys if isinstance(ys, (list, tuple)) else [ys]
+        variables = xs if isinstance(xs, (list, tuple)) else [xs]
+        if len(losses) == 1 and len(variables) == len(grads):
+            attach(losses[0], list(zip(grads, variables)))
+        return grads
+
+    return gradients
+
+
 def _allreduced_square_norm(dense: tf.Tensor) -> tf.Tensor:
     return comm.allreduce(tf.reduce_sum(tf.square(tf.cast(dense, tf.float32))), "sum")
 
 
 def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
     info = shard_of(var)
-    upstream = tf.gradients(loss, [lk.output for lk in lookups])
+    upstream = patches.original(tf, "gradients")(loss, [lk.output for lk in lookups])
     summed: List[tf.Tensor] = []   # this worker's share of a sum over workers
     whole: List[tf.Tensor] = []    # already the sum over workers
     for lk, grad in zip(lookups, upstream):
@@ -123,7 +140,7 @@ def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
 def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf.IndexedSlices]:
     """This lookup's own gradient at ``var`` (through the exchange, as the step's), as slices."""
     surrogate = tf.reduce_sum(tf.cast(lookup.output, tf.float32) * tf.stop_gradient(upstream))
-    [grad] = tf.gradients(surrogate, [var])
+    [grad] = patches.original(tf, "gradients")(surrogate, [var])
     if grad is None:
         return None
     if not isinstance(grad, tf.IndexedSlices):

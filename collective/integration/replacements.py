@@ -114,6 +114,11 @@ INSTALLED = [
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),
     patches.register(tf.compat.v1, "global_norm", gradient_norms.global_norm, "the same, under its public v1 name"),
+    patches.register(tf, "gradients", gradient_norms.attaching(tf, "gradients"),
+                     "tables' gradients of tf.gradients carry one process's norm, as compute_gradients' do (Keras' "
+                     "global_clipnorm clips them in apply_gradients)"),
+    patches.register(tf.compat.v1, "gradients", gradient_norms.attaching(tf.compat.v1, "gradients"),
+                     "the same, under its v1 name"),
 ]
 
 # Installed by CollectiveEstimator for each of its calls.
