@@ -120,14 +120,8 @@ def programs(draw) -> dict:
     # Keras optimizers (legacy too) make slots of reference variables wrongly, and those of TF 2.11+ refuse
     # them: TF1 behaviour (no resource variables) fails with them in one process too.
     tf1 = False if family.startswith("keras") else draw(st.booleans())
-    # Refused, a defect reported in issue 42's note: under TF1 behaviour, tf.gradients + apply_gradients trains
-    # differently on the workers than in one process, and differently after other programs ran in the same
-    # process (seed 2028's p21, p32, p33: losses apart from step 2 on 1 and 2 workers).
-    call = draw(st.sampled_from(tuple(c for c in CALLS[family] if not (tf1 and c == "tf_gradients"))))
-    # Refused, a defect reported in issue 42's note: Keras' global_clipnorm over a feature column's table trains
-    # apart from one process, on 1 worker too (seed 2028's p18, p23: 0.2% apart at step 2).
-    columns = any(t["entry"] in program_cases.COLUMN_ENTRIES for t in tables)
-    transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") and not columns else ())
+    call = draw(st.sampled_from(CALLS[family]))
+    transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") else ())
     # HybridBackend's optimizers run in its own MonitoredTrainingSession (its recipe); an Estimator's model_fn
     # builds the optimizer where it builds the model. Refused, a defect reported in issue 42's note: an
     # Estimator with a Keras optimizer trains apart from one process (seed 2028's p18, p25).
@@ -209,6 +203,16 @@ REGRESSIONS = {
     "keras-legacy-adam-apply": _program(family="keras_legacy", call="tf_gradients", kind="adam"),
     "keras-sgd-apply": _program(family="keras", call="tf_gradients", kind="momentum", transform="keras_clipnorm"),
     "keras-adagrad-apply-3-workers": _program(workers=3, family="keras", call="tf_gradients", kind="adagrad"),
+    # Issue 42's: tf.gradients' ungated updates raced its backward pass's reads of reference variables (TF1
+    # behaviour); a weighted lookup's norm counted one slice per id; tf.gradients' table gradients had no norm.
+    "tf1-tf-gradients-apply-1-worker": _program(workers=1, tf1=True, call="tf_gradients",
+                                                tables=[_table(entry="column"), _table("user", 7, "sparse_sum")]),
+    "tf1-weighted-column-beside-hash-clip-global-2-workers": _program(
+        tf1=True, call="compute_apply", transform="clip_global", kind="adagrad",
+        tables=[_table(vocab=5, entry="weighted_column"), _hash("user", True)]),
+    "keras-legacy-global-clipnorm-column-2-workers": _program(
+        family="keras_legacy", call="tf_gradients", kind="adam", transform="keras_clipnorm",
+        tables=[_table(), _table("user", 5, "column")]),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")])
