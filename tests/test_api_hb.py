@@ -4,6 +4,8 @@ Multi-process cases run through the launcher on 1, 2 and 3 workers and are
 compared with one plain TensorFlow process training on the whole global batch.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -79,6 +81,29 @@ def test_every_tf_train_optimizer_has_a_wrapper():
         getattr(hb.train, "SyncReplicasOptimizer")
     with pytest.raises(TypeError, match="tf.compat.v1.train.Optimizer"):
         hb.train.wraps_optimizer(tf.keras.optimizers.SGD)
+
+
+def test_global_norm_clip_outside_the_scope_is_refused_and_inside_it_applies():
+    """HybridBackend's recipe builds the update outside ``hb.scope()``; TensorFlow's own global norm there sums
+    this worker's slices of a table's gradient, so workers would clip apart (issue 42): refused when built."""
+    import collective.hb as hb
+
+    for inside in (False, True):
+        with tf.Graph().as_default():
+            ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
+            with hb.scope(), hb.embedding_scope():
+                table = tf.compat.v1.get_variable("t", [7, 3])
+                loss = tf.reduce_mean(tf.square(tf.nn.embedding_lookup(table, ids)))
+            optimizer = hb.train.AdagradOptimizer(0.1)
+            with hb.scope() if inside else contextlib.nullcontext():
+                pairs = optimizer.compute_gradients(loss)
+                grads, _ = tf.clip_by_global_norm([g for g, _ in pairs], 0.5)
+                if inside:
+                    optimizer.apply_gradients(zip(grads, [v for _, v in pairs]))
+                    continue
+                with pytest.raises(ValueError, match=r"clip_by_global_norm .*outside the strategy's scope\(\) over "
+                                                     r"the gradient of the table 't.*under .*hb.scope\(\)"):
+                    optimizer.apply_gradients(zip(grads, [v for _, v in pairs]))
 
 
 def test_context_and_tuning_options(monkeypatch):

@@ -127,7 +127,7 @@ def programs(draw) -> dict:
     # Estimator with a Keras optimizer trains apart from one process (seed 2028's p18, p25).
     engines = ("session", "mts") + (() if family.startswith("keras") else ("estimator",))
     engine = "mts" if family == "hb" else draw(st.sampled_from(engines))
-    return {
+    program = {
         "seed": draw(st.integers(0, 10_000)),
         "workers": 1,
         "resume": draw(st.sampled_from((0, 1, 2, 3))),
@@ -145,6 +145,11 @@ def programs(draw) -> dict:
         "reduction": "mean" if engine == "estimator" else draw(st.sampled_from(("mean", "sum"))),
         "tf1": tf1,
     }
+    # Refused by the library (issue 42): clip_by_global_norm outside the scope (HybridBackend's recipe builds the
+    # update outside hb.scope()) is TensorFlow's own norm of this worker's slices (test_api_hb tests the refusal).
+    if family == "hb" and program["optimizer"]["where"] == "outside" and program["transform"] == "clip_global":
+        program["transform"] = "clip_value"
+    return program
 
 
 def draw_programs(count: int, seed_value: int) -> List[dict]:

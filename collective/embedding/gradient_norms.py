@@ -44,6 +44,7 @@ class _Lookup(NamedTuple):
 
 _lookups: "weakref.WeakKeyDictionary[tf.Graph, List[_Lookup]]" = weakref.WeakKeyDictionary()
 _attached: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, object]]" = weakref.WeakKeyDictionary()
+_owners: "weakref.WeakKeyDictionary[tf.Graph, Dict[object, str]]" = weakref.WeakKeyDictionary()  # their tables
 
 
 def record(table, output: tf.Tensor, combiner: Optional[str] = None) -> None:
@@ -71,7 +72,7 @@ def attach(loss, pairs) -> None:
     if tf.executing_eagerly() or not isinstance(loss, (tf.Tensor, tf.Variable)) or not hasattr(loss, "graph"):
         return
     recorded = _lookups.get(loss.graph, [])
-    attached = _attached.setdefault(loss.graph, {})
+    attached, owners = _attached.setdefault(loss.graph, {}), _owners.setdefault(loss.graph, {})
     n = comm.world_size()
     for grad, var in pairs:
         if grad is None:
@@ -81,9 +82,11 @@ def attach(loss, pairs) -> None:
             lookups = [lk for lk in recorded if lk.table is var]
             if lookups:
                 attached[grad.values.ref()] = functools.partial(_sparse_square_norm, loss, var, lookups, n)
+                owners[grad.values.ref()] = getattr(var, "name", "?")
         elif info is not None and not info.replicated and n > 1:
             dense = tf.convert_to_tensor(grad)
             attached[dense.ref()] = functools.partial(_allreduced_square_norm, dense)
+            owners[dense.ref()] = getattr(var, "name", "?")
 
 
 def attaching(owner, attribute: str):
@@ -101,6 +104,32 @@ def attaching(owner, attribute: str):
         return grads
 
     return gradients
+
+
+def refuse_foreign_norms(pairs) -> None:
+    """Raises ``ValueError`` if a gradient in ``pairs`` was clipped by TensorFlow's own global norm (one computed
+    outside ``scope()``, where :func:`global_norm` is not installed) of a table's gradient that carries one
+    process's norm: that norm sums this worker's slices only, so the workers would clip apart."""
+    grads = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
+    grads = [g for g in grads if isinstance(g, tf.Tensor)]
+    if tf.executing_eagerly() or not grads or not _attached.get(grads[0].graph):
+        return
+    attached, owners = _attached[grads[0].graph], _owners.get(grads[0].graph, {})
+    seen, stack = set(), [g.op for g in grads]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type == "L2Loss" and "global_norm" in op.name and op.inputs[0].ref() in attached:
+            name = owners.get(op.inputs[0].ref(), "?")
+            raise ValueError(
+                f"tf.clip_by_global_norm (tf.linalg.global_norm) ran outside the strategy's scope() over the "
+                f"gradient of the table '{name}': TensorFlow's own global norm sums this worker's slices only, so "
+                "the workers would clip apart from one process and from each other. Clip inside the scope: build "
+                "compute_gradients, the clip and apply_gradients under strategy.scope() (hb.scope() for hb.train "
+                "optimizers).")
+        stack.extend(t.op for t in op.inputs)
 
 
 def _allreduced_square_norm(dense: tf.Tensor) -> tf.Tensor:

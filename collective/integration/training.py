@@ -267,6 +267,8 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     runs the eviction of hash tables with a vocabulary policy when it is due
     (:mod:`collective.embedding.hash_table.dynamic`).
     """
+    grads_and_vars = list(grads_and_vars)
+    gradient_norms.refuse_foreign_norms(grads_and_vars)
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     tables.watch_slots(optimizer, table_growth.remember_slot)
     pairs = gradients_before_updates(average_gradients(grads_and_vars))
