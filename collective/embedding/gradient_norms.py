@@ -10,12 +10,15 @@ variable's slices come from every worker's own batch, so the plain sum of
 squares is not one process's.
 
 Every lookup made in ``CollectiveStrategy.scope()`` records itself
-(:func:`record`). ``compute_gradients`` then attaches to each sparse
-gradient it returns the squared norm one process's gradient of that variable
-would have (:func:`attach`), built into the graph only when a norm first asks
-for it (a program that never clips pays nothing), and :func:`global_norm` (installed as ``tf.linalg.global_norm``, which
-``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
-gradient (a regularizer made it dense) counts all workers' rows.
+(:func:`record`). ``compute_gradients`` (and ``tf.gradients`` inside the
+scope, :func:`attaching`) then attaches to each sparse gradient it returns
+the squared norm one process's gradient of that variable would have
+(:func:`attach`), built into the graph only when a norm first asks for it (a
+program that never clips pays nothing), and :func:`global_norm` (installed as
+``tf.linalg.global_norm``, which ``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
+gradient (a regularizer made it dense) counts all workers' rows. TensorFlow's
+own global norm of such a gradient (a clip outside the scope) is refused
+when ``apply_gradients`` is built (:func:`refuse_foreign_norms`).
 """
 
 from __future__ import annotations

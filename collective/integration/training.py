@@ -248,8 +248,8 @@ def gradients_before_updates(pairs: List[tuple]) -> List[tuple]:
     follows every read of the backward pass, as ``compute_gradients``' gating
     and resource variables (a read is a value) give.
     """
-    if tf.executing_eagerly() or not any(getattr(var, "dtype", tf.float32)._is_ref_dtype  # pylint: disable=protected-access
-                                         for _, var in pairs):
+    refs = [getattr(var, "dtype", tf.float32)._is_ref_dtype for _, var in pairs]  # pylint: disable=protected-access
+    if tf.executing_eagerly() or not any(refs):
         return pairs
     at = [i for i, (grad, _) in enumerate(pairs) if isinstance(grad, (tf.Tensor, tf.IndexedSlices))]
     gated = list(pairs)
@@ -261,8 +261,10 @@ def gradients_before_updates(pairs: List[tuple]) -> List[tuple]:
 def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once.
 
-    Every gradient is computed before any update (:func:`gradients_before_updates`). The result also marks the
-    table rows the update can change, for
+    Gradients clipped outside the scope by TensorFlow's own global norm of a
+    table's gradient are refused (:func:`collective.embedding.gradient_norms.refuse_foreign_norms`),
+    and every gradient is computed before any update (:func:`gradients_before_updates`).
+    The result also marks the table rows the update can change, for
     incremental checkpoints (:mod:`collective.checkpoint.touched`), and then
     runs the eviction of hash tables with a vocabulary policy when it is due
     (:mod:`collective.embedding.hash_table.dynamic`).
