@@ -11,9 +11,15 @@ after three steps. The inputs hold repeated ids, empty rows and negative ids
 
 TF1 behaviour is an axis of the matrix: a second launch per worker count runs
 the same model with ``disable_v2_behavior()`` (ref variables, v1 control flow)
-on every backend and entry point, trained with ``cases.TF1_OPTIMIZERS``, and is
-held to the same plain process (the same values whichever behaviour computes
-them).
+on every backend and entry point, trained with one of ``cases.TF1_OPTIMIZERS``,
+and is held to the same plain process (the same values whichever behaviour
+computes them).
+
+Each cell (backend, N, behaviour) trains with the optimizers of
+``cases.optimizers_for``, a rotation: under TF2 each backend meets all five
+optimizers over N and each N all five over the backends; under TF1 each
+backend and each N meets Adagrad and Adam. The generated programs
+(tests/test_programs.py) draw optimizers, backends, N and both behaviours.
 """
 
 import functools
@@ -27,10 +33,8 @@ import pytest
 from launcher import launch_once, load_rank_results, run_together, run_workers
 from workers import matrix_cases as cases
 
-BACKENDS = ("hb", "sok", "replicated", "hb-api")
-WORKERS = (1, 2, 3)
+BACKENDS, WORKERS = cases.BACKENDS, cases.WORKERS
 BEHAVIOURS = ("tf2", "tf1")
-OPTIMIZERS = {"tf2": cases.OPTIMIZERS, "tf1": cases.TF1_OPTIMIZERS}
 RTOL, ATOL = 1e-4, 1e-5
 pytestmark = pytest.mark.timeout(1200)
 
@@ -63,10 +67,14 @@ def _plain(optimizer: str) -> cases.Plain:
     return cases.plain_model(optimizer)
 
 
+def optimizers(backend: str, n: int, behaviour: str) -> Tuple[str, ...]:
+    return cases.optimizers_for(backend, n, behaviour == "tf1")
+
+
 def logical(ranks: List[Dict[str, np.ndarray]], key: str, table: str) -> np.ndarray:
-    """The logical table (or gradient, or slot) ``key`` assembled from every rank's rows."""
-    first = next(o for o in (cases.OPTIMIZERS[0], cases.TF1_OPTIMIZERS[0]) if f"{o}/replicated/{table}" in ranks[0])
-    if bool(ranks[0][f"{first}/replicated/{table}"]):
+    """The logical table (or gradient, or slot) ``key`` (``<optimizer>/...``) assembled from every rank's rows."""
+    optimizer = key.split("/")[0]
+    if bool(ranks[0][f"{optimizer}/replicated/{table}"]):
         for res in ranks[1:]:
             np.testing.assert_array_equal(res[key], ranks[0][key], err_msg=f"{key}: replicas differ")
         return ranks[0][key]
@@ -102,13 +110,13 @@ def _mismatches(pairs) -> List[str]:
 
 RUNS = [(b, n, behaviour) for behaviour in BEHAVIOURS for b in BACKENDS for n in WORKERS]
 IDS = [f"{b}-{n}workers" + ("-tf1" if behaviour == "tf1" else "") for b, n, behaviour in RUNS]
-TRAINED = [(b, n, behaviour, opt) for b, n, behaviour in RUNS for opt in OPTIMIZERS[behaviour]]
+TRAINED = [(b, n, behaviour, opt) for b, n, behaviour in RUNS for opt in optimizers(b, n, behaviour)]
 TRAINED_IDS = [f"{opt}-{b}-{n}workers" + ("-tf1" if behaviour == "tf1" else "") for b, n, behaviour, opt in TRAINED]
 
 
 @pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
 def test_forward_values_equal_one_process(backend, n, behaviour):
-    first = OPTIMIZERS[behaviour][0]
+    first = optimizers(backend, n, behaviour)[0]
     ranks, want = _launch(n, behaviour)[backend], expected(backend, n, first, behaviour)
     per = cases.BATCH // n
     pairs = [(f"{entry} rank {r}", res[f"{first}/out/{entry}"],
@@ -120,7 +128,7 @@ def test_forward_values_equal_one_process(backend, n, behaviour):
 
 @pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
 def test_averaged_gradients_equal_one_process(backend, n, behaviour):
-    opt = OPTIMIZERS[behaviour][0]
+    opt = optimizers(backend, n, behaviour)[0]
     ranks, want = _launch(n, behaviour)[backend], expected(backend, n, opt, behaviour)
     pairs = []
     for table in fixed_tables():
@@ -174,7 +182,8 @@ def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, beh
 @pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)
 def test_seeded_and_constant_tables_start_as_in_one_process(backend, n, behaviour):
     """A seeded initializer gives the same logical table on any N; the unseeded ones need only agree with it."""
-    ranks, plain, first = _launch(n, behaviour)[backend], _plain(cases.OPTIMIZERS[0]), OPTIMIZERS[behaviour][0]
+    ranks, plain = _launch(n, behaviour)[backend], _plain(cases.OPTIMIZERS[0])
+    first = optimizers(backend, n, behaviour)[0]
     pairs = []
     for table in fixed_tables():
         if table.split("#")[0] in cases.SEEDED:

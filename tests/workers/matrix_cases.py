@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import sys
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +29,8 @@ from hash_cases import init_vectors  # noqa: E402  pylint: disable=wrong-import-
 
 VOCAB, DIM, BATCH, WIDTH, STEPS = 13, 3, 12, 3, 3
 HASH_BUCKETS, CAPACITY = 7, 32
+BACKENDS = ("hb", "sok", "replicated", "hb-api")
+WORKERS = (1, 2, 3)
 OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl")
 # The TF1-behaviour launches (disable_v2_behavior) train with these: slots of both kinds (per row; Adam's
 # beta powers beside them) on ref variables; the other optimizers differ from them only in the update rule.
@@ -37,6 +39,21 @@ TF1_OPTIMIZERS = ("Adagrad", "Adam")
 KEY_POOL = np.unique(np.array([0, 3, -1, -9, 2 ** 40 + 1, -(2 ** 50), np.iinfo(np.int64).max, 7 * 10 ** 14,
                                123456789, 31], np.int64))
 HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
+
+
+
+
+def optimizers_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
+    """The optimizers the cell (``backend``, ``n`` workers, behaviour) trains with, in a Latin rotation.
+
+    TF2: two of :data:`OPTIMIZERS` per cell, so that each backend meets all five over N = 1, 2, 3 and each N
+    meets all five over the backends. TF1: one of :data:`TF1_OPTIMIZERS` per cell, so that each backend and
+    each N meets both. The generated programs (tests/test_programs.py) draw the other combinations.
+    """
+    b, k = BACKENDS.index(backend), WORKERS.index(n)
+    if tf1:
+        return (TF1_OPTIMIZERS[(b + k) % len(TF1_OPTIMIZERS)],)
+    return tuple(OPTIMIZERS[(b + 2 * k + i) % len(OPTIMIZERS)] for i in range(2))
 
 
 class Features(NamedTuple):
@@ -420,6 +437,15 @@ def dense_gradient(grad, var) -> Optional[tf.Tensor]:
     return tf.convert_to_tensor(grad)
 
 
+def fast_start() -> tf.compat.v1.ConfigProto:
+    """A session config without Grappler's passes and the classic graph optimizer (constant folding, common
+    subexpressions): on this wide graph they take seconds for each new fetch and change nothing compared."""
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    return config
+
+
 class Plain(NamedTuple):
     """The plain single-process model with one optimizer, in its own graph and session."""
 
@@ -459,7 +485,7 @@ def plain_model(optimizer_name: str) -> Plain:
                 if optimizer.get_slot(table, slot) is not None:
                     final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
         init = tf.group(tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer())
-        session = tf.compat.v1.Session(graph=graph)
+        session = tf.compat.v1.Session(graph=graph, config=fast_start())
         session.run(init)
         initial = session.run(tables)
     return Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
