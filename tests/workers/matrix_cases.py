@@ -396,18 +396,30 @@ class Model(NamedTuple):
     loss: tf.Tensor
 
 
-def build(strategy=None, embedding_scope: Optional[Callable] = None) -> Model:
-    """Every entry point on one set of placeholders, a linear head and a loss; plain TF when ``strategy`` is None."""
+def entries_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
+    """The entry points of the cell's model: all under TF2; under TF1 one of two halves of :data:`ENTRY_POINTS`,
+    so that each backend meets every entry point over N, each N over the backends, and each half both
+    :data:`TF1_OPTIMIZERS` (:func:`optimizers_for`) over the cells."""
+    if not tf1:
+        return tuple(ENTRY_POINTS)
+    half = (BACKENDS.index(backend) // 2 + WORKERS.index(n)) % 2
+    return tuple(name for i, name in enumerate(ENTRY_POINTS) if i % 2 == half)
+
+
+def build(strategy=None, embedding_scope: Optional[Callable] = None, entries: Optional[Tuple[str, ...]] = None
+          ) -> Model:
+    """The ``entries`` (default: every entry point) on one set of placeholders, a linear head and a loss; plain
+    TF when ``strategy`` is None."""
     plain = strategy is None
     scope = embedding_scope or (strategy.embedding_scope if strategy is not None else contextlib.nullcontext)
     f = placeholders()
     outputs, tables = {}, {}
-    for name, entry in ENTRY_POINTS.items():
-        built = entry(f, scope, plain)
+    for name in entries or ENTRY_POINTS:
+        built = ENTRY_POINTS[name](f, scope, plain)
         outputs[name], tables[name] = _to_batch(built.output, f.labels), built.tables
     unknown = [n for n, out in outputs.items() if out.shape.rank != 2 or out.shape[1] is None]
     assert not unknown, f"outputs without a static width: {unknown}"
-    features = tf.concat([outputs[n] for n in ENTRY_POINTS], 1)
+    features = tf.concat(list(outputs.values()), 1)
     width = int(features.shape[1])
     w = tf.compat.v1.get_variable("head_w", [width, 1], initializer=tf.compat.v1.constant_initializer(
         np.linspace(-0.4, 0.4, width).reshape(-1, 1)))
@@ -464,11 +476,12 @@ def _tables(model: Model) -> Dict[str, tf.Variable]:
     return {table_key(e, i): t for e, ts in model.tables.items() for i, t in enumerate(ts)}
 
 
-def plain_model(optimizer_name: str) -> Plain:
-    """Builds the model in plain TensorFlow; ``initial`` holds its own initial tables."""
+def plain_model(optimizer_name: str, entries: Optional[Tuple[str, ...]] = None) -> Plain:
+    """Builds the model of ``entries`` (default: all) in plain TensorFlow; ``initial`` holds its own initial
+    tables."""
     graph = tf.Graph()
     with graph.as_default():
-        model = build(None)
+        model = build(None, entries=entries)
         optimizer = make_optimizer(optimizer_name)
         grads = optimizer.compute_gradients(model.loss)
         train_op = optimizer.apply_gradients(grads)

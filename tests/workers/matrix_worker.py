@@ -4,7 +4,8 @@ argv: out_dir backend[,backend...] [tf1]; one launch serves every backend. A
 backend ``hb-api`` builds the model through HybridBackend's API instead
 (``hb.embedding_scope()`` and ``hb.train`` optimizers). With ``tf1`` the
 process runs with TF1 behaviour (``disable_v2_behavior()``: ref variables,
-v1 control flow). Each backend trains with its cell's optimizers
+v1 control flow). Each backend builds its cell's entry points
+(``cases.entries_for``) and trains with its cell's optimizers
 (``cases.optimizers_for``).
 """
 
@@ -37,8 +38,9 @@ def strategy_for(backend):
     return strategy, strategy.embedding_scope, tf.compat.v1.train
 
 
-def train_each_optimizer(strategy, scope, train_module, optimizers):
-    """Builds the model once, then trains it from its initial values with each of ``optimizers`` in turn.
+def train_each_optimizer(strategy, scope, train_module, optimizers, entries):
+    """Builds the model of ``entries`` once, then trains it from its initial values with each of ``optimizers``
+    in turn.
 
     Results are keyed ``<optimizer>/<what>/<table>``; the forward and gradient graph is shared (building it
     is most of the cost), each optimizer adds its own slots and update ops. Each step fetches the forward
@@ -48,7 +50,7 @@ def train_each_optimizer(strategy, scope, train_module, optimizers):
     r, n = strategy.rank(), strategy.world_size()
     results = {}
     with tf.Graph().as_default():
-        model = cases.build(strategy, scope)
+        model = cases.build(strategy, scope, entries)
         grads = cases.make_optimizer(optimizers[0], train_module).compute_gradients(model.loss)
         fixed = {cases.table_key(e, i): t for e, ts in model.tables.items() if e not in cases.HASHED
                  for i, t in enumerate(ts)}
@@ -60,7 +62,7 @@ def train_each_optimizer(strategy, scope, train_module, optimizers):
                     if id(v) in by_var and g is not None}
         kinds = {by_var[id(v)]: np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads if id(v) in by_var}
         kinds.update({cases.table_key(e, 0): np.array(isinstance(g, tf.IndexedSlices)) for g, v in grads
-                      for e in cases.HASHED if v is model.tables[e][0]})
+                      for e in cases.HASHED if e in model.tables and v is model.tables[e][0]})
         first = {**{f"out/{k}": v for k, v in model.outputs.items()},
                  **{f"grad/{k}": v for k, v in averaged.items()}}
         final = {f"final/{key}": table for key, table in fixed.items()}
@@ -137,8 +139,9 @@ def run(backend):
     strategy, scope, train_module = strategy_for(backend)
     results = {}
     with strategy.scope():
-        results.update(train_each_optimizer(strategy, scope, train_module,
-                                            cases.optimizers_for(backend, strategy.world_size(), TF1)))
+        n = strategy.world_size()
+        results.update(train_each_optimizer(strategy, scope, train_module, cases.optimizers_for(backend, n, TF1),
+                                            cases.entries_for(backend, n, TF1)))
         if backend != "hb-api":
             results.update(refusals(strategy, scope))
     path = os.path.join(out_dir, backend)
