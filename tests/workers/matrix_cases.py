@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import sys
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +29,8 @@ from hash_cases import init_vectors  # noqa: E402  pylint: disable=wrong-import-
 
 VOCAB, DIM, BATCH, WIDTH, STEPS = 13, 3, 12, 3, 3
 HASH_BUCKETS, CAPACITY = 7, 32
+BACKENDS = ("hb", "sok", "replicated", "hb-api")
+WORKERS = (1, 2, 3)
 OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl")
 # The TF1-behaviour launches (disable_v2_behavior) train with these: slots of both kinds (per row; Adam's
 # beta powers beside them) on ref variables; the other optimizers differ from them only in the update rule.
@@ -37,6 +39,21 @@ TF1_OPTIMIZERS = ("Adagrad", "Adam")
 KEY_POOL = np.unique(np.array([0, 3, -1, -9, 2 ** 40 + 1, -(2 ** 50), np.iinfo(np.int64).max, 7 * 10 ** 14,
                                123456789, 31], np.int64))
 HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
+
+
+
+
+def optimizers_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
+    """The optimizers the cell (``backend``, ``n`` workers, behaviour) trains with, in a Latin rotation.
+
+    TF2: two of :data:`OPTIMIZERS` per cell, so that each backend meets all five over N = 1, 2, 3 and each N
+    meets all five over the backends. TF1: one of :data:`TF1_OPTIMIZERS` per cell, so that each backend and
+    each N meets both. The generated programs (tests/test_programs.py) draw the other combinations.
+    """
+    b, k = BACKENDS.index(backend), WORKERS.index(n)
+    if tf1:
+        return (TF1_OPTIMIZERS[(b + k) % len(TF1_OPTIMIZERS)],)
+    return tuple(OPTIMIZERS[(b + 2 * k + i) % len(OPTIMIZERS)] for i in range(2))
 
 
 class Features(NamedTuple):
@@ -379,18 +396,30 @@ class Model(NamedTuple):
     loss: tf.Tensor
 
 
-def build(strategy=None, embedding_scope: Optional[Callable] = None) -> Model:
-    """Every entry point on one set of placeholders, a linear head and a loss; plain TF when ``strategy`` is None."""
+def entries_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
+    """The entry points of the cell's model: all under TF2; under TF1 one of two halves of :data:`ENTRY_POINTS`,
+    so that each backend meets every entry point over N, each N over the backends, and each half both
+    :data:`TF1_OPTIMIZERS` (:func:`optimizers_for`) over the cells."""
+    if not tf1:
+        return tuple(ENTRY_POINTS)
+    half = (BACKENDS.index(backend) // 2 + WORKERS.index(n)) % 2
+    return tuple(name for i, name in enumerate(ENTRY_POINTS) if i % 2 == half)
+
+
+def build(strategy=None, embedding_scope: Optional[Callable] = None, entries: Optional[Tuple[str, ...]] = None
+          ) -> Model:
+    """The ``entries`` (default: every entry point) on one set of placeholders, a linear head and a loss; plain
+    TF when ``strategy`` is None."""
     plain = strategy is None
     scope = embedding_scope or (strategy.embedding_scope if strategy is not None else contextlib.nullcontext)
     f = placeholders()
     outputs, tables = {}, {}
-    for name, entry in ENTRY_POINTS.items():
-        built = entry(f, scope, plain)
+    for name in entries or ENTRY_POINTS:
+        built = ENTRY_POINTS[name](f, scope, plain)
         outputs[name], tables[name] = _to_batch(built.output, f.labels), built.tables
     unknown = [n for n, out in outputs.items() if out.shape.rank != 2 or out.shape[1] is None]
     assert not unknown, f"outputs without a static width: {unknown}"
-    features = tf.concat([outputs[n] for n in ENTRY_POINTS], 1)
+    features = tf.concat(list(outputs.values()), 1)
     width = int(features.shape[1])
     w = tf.compat.v1.get_variable("head_w", [width, 1], initializer=tf.compat.v1.constant_initializer(
         np.linspace(-0.4, 0.4, width).reshape(-1, 1)))
@@ -420,6 +449,15 @@ def dense_gradient(grad, var) -> Optional[tf.Tensor]:
     return tf.convert_to_tensor(grad)
 
 
+def fast_start() -> tf.compat.v1.ConfigProto:
+    """A session config without Grappler's passes and the classic graph optimizer (constant folding, common
+    subexpressions): on this wide graph they take seconds for each new fetch and change nothing compared."""
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    return config
+
+
 class Plain(NamedTuple):
     """The plain single-process model with one optimizer, in its own graph and session."""
 
@@ -438,11 +476,12 @@ def _tables(model: Model) -> Dict[str, tf.Variable]:
     return {table_key(e, i): t for e, ts in model.tables.items() for i, t in enumerate(ts)}
 
 
-def plain_model(optimizer_name: str) -> Plain:
-    """Builds the model in plain TensorFlow; ``initial`` holds its own initial tables."""
+def plain_model(optimizer_name: str, entries: Optional[Tuple[str, ...]] = None) -> Plain:
+    """Builds the model of ``entries`` (default: all) in plain TensorFlow; ``initial`` holds its own initial
+    tables."""
     graph = tf.Graph()
     with graph.as_default():
-        model = build(None)
+        model = build(None, entries=entries)
         optimizer = make_optimizer(optimizer_name)
         grads = optimizer.compute_gradients(model.loss)
         train_op = optimizer.apply_gradients(grads)
@@ -459,7 +498,7 @@ def plain_model(optimizer_name: str) -> Plain:
                 if optimizer.get_slot(table, slot) is not None:
                     final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
         init = tf.group(tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer())
-        session = tf.compat.v1.Session(graph=graph)
+        session = tf.compat.v1.Session(graph=graph, config=fast_start())
         session.run(init)
         initial = session.run(tables)
     return Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
