@@ -50,6 +50,11 @@ class ShardInfo:
     gradient_scale: float = 1.0
 
     @property
+    def placement(self) -> str:
+        """``replicated`` or ``row_wise`` (see :mod:`collective.sharding.plan`)."""
+        return "replicated" if self.replicated else "row_wise"
+
+    @property
     def layout(self) -> ShardLayout:
         return ShardLayout(self.rank, self.world_size, self.replicated)
 
