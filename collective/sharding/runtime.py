@@ -143,6 +143,12 @@ def latest() -> Optional[Planning]:
     return _latest[0]
 
 
+def active() -> Optional[Planning]:
+    """The innermost :func:`using` block's planning (a strategy's scope), else :func:`latest`."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else latest()
+
+
 def announce(planning: Optional[Planning] = None, broadcast: Optional[Callable[[str], str]] = None) -> ShardingPlan:
     """Before step 0: checks the plan whole, agrees on it with every rank, and rank 0 logs it (once per plan).
 
@@ -150,7 +156,7 @@ def announce(planning: Optional[Planning] = None, broadcast: Optional[Callable[[
     :func:`collective.comm.broadcast_string`); a rank whose plan differs
     raises :class:`PlanMismatchError` naming the tables that differ.
     """
-    planning = planning or latest() or current()
+    planning = planning or active() or current()
     plan = planning.complete()
     if planning.world_size > 1:
         if broadcast is None:
