@@ -126,6 +126,9 @@ def test_planning_places_tables_as_they_are_made_and_follows_their_graph_names()
     assert list(planning.plan) == ["scope/user"]
     assert planning.place(TableSpec("scope/user", 10, 4)).placement == "replicated"  # made again in a new graph
     assert len(planning.plan) == 1
+    # Made again, a table keeps its place: the table-wise tables after it keep their ranks.
+    spread = _planning(overrides={"a": "table_wise", "b": "table_wise"})
+    assert [spread.place(TableSpec(name, 10, 4)).ranks for name in ("a", "b", "a", "b")] == [(0,), (1,), (0,), (1,)]
     with pytest.raises(PlanError, match="unknown placement 'sideways'"):
         _planning(overrides={"a": "sideways"})
     with pytest.raises(PlanError, match="'ghost' that the model does not make"):
@@ -159,3 +162,26 @@ def test_ranks_agree_or_the_ones_that_differ_are_named(caplog):
     with pytest.raises(runtime.PlanMismatchError, match=r"rank 1 holds another sharding plan than rank 0 for "
                                                         r"table\(s\) 'b'"):
         runtime.announce(rank1, broadcast)
+
+
+def test_table_wise_tables_go_to_the_least_loaded_rank_with_room():
+    specs = [TableSpec("big", 100, 8), TableSpec("mid", 60, 8), TableSpec("small", 10, 8, ids_per_sample=30.0),
+             TableSpec("rest", 50, 8)]
+    every = {s.name: "table_wise" for s in specs}
+    # By bytes (no batch size): 3,200 -> rank 0, 1,920 -> rank 1, 320 -> rank 2, then 1,600 -> rank 2 (least).
+    by_bytes = plan(specs, World(3), every)
+    assert [t.ranks for t in by_bytes.values()] == [(0,), (1,), (2,), (2,)]
+    assert by_bytes["big"].bytes_per_worker == 3200 and by_bytes["big"].exchange == "hb"
+    # Two ranks, "small" made second. By bytes: 3,200 -> 0; 320 -> 1; 1,920 -> 1 (2,240); 1,600 -> 1 (3,840).
+    # By bytes per step (batch 10, 72 bytes a lookup, half of them remote): 360 -> 0; "small", looked up 30
+    # times a sample, 10,800 -> 1; then 360 -> 0 and 360 -> 0.
+    reordered = [specs[0], specs[2], specs[1], specs[3]]
+    assert [t.ranks for t in plan(reordered, World(2), every).values()] == [(0,), (1,), (1,), (1,)]
+    by_traffic = plan(reordered, World(2), every, CostModel(global_batch_size=10))
+    assert [t.ranks for t in by_traffic.values()] == [(0,), (1,), (0,), (0,)]
+    # Memory: 3,200 + 1,920 do not fit one rank of 4,000 bytes.
+    two = {"big": "table_wise", "mid": "table_wise"}
+    assert [t.ranks for t in plan(specs[:2], World(1), two).values()] == [(0,), (0,)]
+    with pytest.raises(PlanError, match="table 'mid': placement 'table_wise' finds no worker with room"):
+        plan(specs[:2], World(1, memory_per_worker=4000), two)
+    assert plan(specs[:2], World(2, memory_per_worker=4000), two)["mid"].ranks == (1,)

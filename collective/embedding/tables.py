@@ -187,7 +187,9 @@ def _tag_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     if tuple(slot.shape.as_list()[:1]) != tuple(table.shape.as_list()[:1]):
         return slot  # per-worker state not shaped like the rows (Adafactor's factored moments): never broadcast
     name = slot.op.name if not tf.executing_eagerly() else slot.name.split(":")[0]
-    width = int(slot.shape.num_elements() // max(1, int(slot.shape[0]))) if slot.shape.is_fully_defined() else info.dim
+    # The product of the trailing dims (a table-wise table's rank that holds no rows has slots of 0 rows).
+    width = int(functools.reduce(lambda a, b: a * b, slot.shape.as_list()[1:], 1)) if slot.shape.is_fully_defined() \
+        else info.dim
     return tag(slot, dataclasses.replace(info, name=name, dim=width))
 
 
@@ -387,8 +389,9 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
     def _get_from_value(getter, name, dtype, initializer, partitioner, kwargs):
         """``get_variable(name, initializer=<a whole table as a tensor or array>)``: a pretrained table."""
         value = tf.convert_to_tensor(initializer, dtype=dtype)
-        info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
-        if info is None or derived_table(value) is not None:
+        derived = derived_table(value) is not None
+        info = None if derived else _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
+        if info is None:
             return getter(name, shape=None, dtype=dtype, initializer=initializer,
                           partitioner=_whole_in_export(value.shape, partitioner, ctx), **kwargs)
         _shard_regularizer(kwargs, info)

@@ -32,7 +32,7 @@ APIS = ("scope", "sok")
 # The exchange that serves sharded tables when the step's backend serves whole tables only.
 SHARDED_FALLBACK = "hb"
 # Placements each kind of table can have today (column_wise and hash-table table_wise are not built yet).
-BUILT = {("dense", "scope"): ("replicated", "row_wise"), ("dense", "sok"): ("row_wise",),
+BUILT = {("dense", "scope"): ("replicated", "row_wise", "table_wise"), ("dense", "sok"): ("row_wise",),
          ("hash", "scope"): ("row_wise",), ("hash", "sok"): ("row_wise",)}
 ID_BYTES = 8
 USER = "chosen by the user"

@@ -83,8 +83,10 @@ class Planning:
         self.plan = ShardingPlan((), ctx.world_size)
 
     def place(self, spec: planner.TableSpec, replicate_below_bytes: Optional[int] = None) -> TablePlan:
-        """The plan of table ``spec`` (made again under the same name, it replaces the earlier one)."""
-        specs = [s for s in self._specs if s.name != spec.name] + [spec]
+        """The plan of table ``spec``. Made again under the same name (in a new graph), it replaces the earlier one
+        in its place, so the tables after it keep their placements."""
+        known = any(s.name == spec.name for s in self._specs)
+        specs = [spec if s.name == spec.name else s for s in self._specs] if known else self._specs + [spec]
         cost = self.cost if replicate_below_bytes is None else \
             planner.CostModel(self.cost.global_batch_size, self.cost.ids_per_sample, replicate_below_bytes)
         with _lock:

@@ -20,8 +20,9 @@ from collective.sharding.planner import TableSpec
 def shard_info(table: TablePlan, rank: int, world_size: int, name: Optional[str] = None,
                hash_index: Any = None) -> ShardInfo:
     """Rank ``rank``'s shard of the planned ``table``."""
+    holder = table.ranks[0] if table.placement == "table_wise" else None
     return ShardInfo(name=name or table.name, vocab=table.rows, dim=table.dim, rank=rank, world_size=world_size,
-                     hash_index=hash_index, replicated=table.placement == "replicated")
+                     hash_index=hash_index, replicated=table.placement == "replicated", holder=holder)
 
 
 def place(spec: TableSpec, replicate_below_bytes: Optional[int] = None, hash_index: Any = None) -> ShardInfo:
