@@ -11,8 +11,10 @@ Defaults (what each API did before the plan existed):
   ``replicated``: whole on every rank, served by the ``replicated`` exchange;
 - otherwise ``row_wise``.
 
-A ``row_wise`` table is served by the strategy's backend, or by ``hb`` when
-that backend is ``replicated`` (which serves whole tables only).
+A ``row_wise`` or ``table_wise`` table is served by the strategy's backend,
+or by ``hb`` when that backend is ``replicated`` (which serves whole tables
+only). ``table_wise`` comes from overrides only: each such table goes to the
+least loaded rank with room (:meth:`CostModel.load`), in the order tables are made.
 
 Overrides (a mapping of table name to placement, a callable from the default
 :class:`~collective.sharding.plan.TablePlan` to a placement or None, or a
