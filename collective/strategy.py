@@ -13,6 +13,10 @@ import contextlib
 import dataclasses
 from typing import Iterator, Optional
 
+from collective.sharding import runtime as sharding_runtime
+from collective.sharding.plan import ShardingPlan
+from collective.sharding.planner import Overrides
+
 import tensorflow as tf
 
 from collective import comm, context
@@ -32,13 +36,31 @@ class CollectiveStrategy:
         :mod:`collective.embedding.exchanges`); default ``COLLECTIVE_STRATEGY``, else ``"hb"``.
         The strategy owns it: lookups built inside its ``scope()`` use it, other
         strategies in the same process keep theirs.
+      sharding: placements chosen by the user (docs/sharding.md): a dict of table name (as the model names
+        it) -> ``"row_wise"`` / ``"replicated"`` / ..., a callable from a table's default
+        :class:`~collective.sharding.plan.TablePlan` to a placement (or None: the default), or a
+        :class:`~collective.sharding.plan.ShardingPlan`. Default: the plan ``COLLECTIVE_SHARDING`` names,
+        else the planner's defaults. An override that cannot hold is refused, naming the table.
+      memory_per_worker: bytes each worker has for tables; a placement that needs more is refused.
     """
 
-    def __init__(self, backend: Optional[str] = None):
+    def __init__(self, backend: Optional[str] = None, sharding: Overrides = None,
+                 memory_per_worker: Optional[int] = None):
         ctx = context.get()
         if backend is not None:
             ctx = dataclasses.replace(ctx, backend=exchanges.check(backend))
         self._context = ctx
+        self._planning = sharding_runtime.Planning(ctx, sharding, memory_per_worker)
+
+    @property
+    def plan(self) -> ShardingPlan:
+        """The sharding plan of the tables made in this strategy's scopes so far (``print`` shows the table)."""
+        return self._planning.plan
+
+    def announce_plan(self) -> ShardingPlan:
+        """Checks the plan whole, agrees on it with every worker and logs it on rank 0 (sessions and Estimators
+        made by collective do this before step 0; call it before the first step of a loop of your own)."""
+        return sharding_runtime.announce(self._planning)
 
     @property
     def backend(self) -> str:
@@ -56,7 +78,7 @@ class CollectiveStrategy:
     def scope(self) -> Iterator["CollectiveStrategy"]:
         """Data-parallel scope: build the whole model inside it. Leaving it restores TensorFlow."""
         comm.init()
-        with patches.patched(), embedding_lookup.using(self.backend):
+        with patches.patched(), embedding_lookup.using(self.backend), sharding_runtime.using(self._planning):
             yield self
 
     @contextlib.contextmanager
@@ -78,7 +100,7 @@ class CollectiveStrategy:
         # get_variable: a variable creator shards those.
         with tables.custom_getter(tables.sharding_getter(self._context, threshold)), \
                 tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)), \
-                tables.embedding_scope_block():
+                tables.embedding_scope_block(), sharding_runtime.using(self._planning):
             yield
 
     def session_config(self, base: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:

@@ -272,7 +272,7 @@ LAYERS = (
     ("collective.runtime", 1), ("collective.cli", 1), ("collective._moved", 1), ("collective.byte_model", 1),
     ("collective.context", 2), ("collective.comm", 2),
     ("=collective.embedding.exchanges", 2),  # the backend registry, which context checks COLLECTIVE_STRATEGY against
-    ("collective.embedding", 3),
+    ("collective.embedding", 3), ("collective.sharding", 3),  # tables ask the planner; shards are made of plans
     ("collective.checkpoint", 4),
     ("collective.integration", 5),
     ("collective", 6),  # the public faces: strategy, hb, sok, data, group_embedding, ...
@@ -349,3 +349,47 @@ def test_only_the_list_registers_patches_and_importing_installs_nothing():
                             timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "all registered by collective.integration.replacements" in result.stdout, result.stdout
+
+
+# The room that decides placements (issue 43): nothing else makes a ShardInfo or a TablePlan or applies a rule.
+SHARDING = REPO / PACKAGE / "sharding"
+_PLACEMENT_WORDS = ("replicated", "row_wise", "table_wise", "column_wise")
+
+
+def placement_decisions(source: str) -> List[str]:
+    """Where ``source`` decides a placement: it makes a ``ShardInfo``/``TablePlan``, passes ``replicated=``,
+    or compares something with ``replicate_below_bytes`` or a placement's name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+            if func in ("ShardInfo", "TablePlan"):
+                found.append(f"line {node.lineno}: {func}(...)")
+            found += [f"line {node.lineno}: replicated=" for k in node.keywords if k.arg == "replicated"]
+        elif isinstance(node, ast.Compare):
+            operands = [node.left] + list(node.comparators)
+            if any(isinstance(n, ast.Constant) and n.value in _PLACEMENT_WORDS for n in operands) or (
+                    any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops)
+                    and any(getattr(n, "id", getattr(n, "attr", None)) == "replicate_below_bytes" for n in operands)):
+                found.append(f"line {node.lineno}: a placement rule")
+    return found
+
+
+def test_only_the_sharding_package_decides_placements():
+    offenders = []
+    for path in _python_files(REPO / PACKAGE):
+        if SHARDING in path.parents:
+            continue
+        offenders += [f"{path.relative_to(REPO)} {where}" for where in placement_decisions(path.read_text())]
+    assert not offenders, ("placements are decided in collective/sharding/ only (planner.py; ShardInfo from "
+                           "shards.py):\n" + "\n".join(offenders))
+
+
+def test_placement_decision_detection():
+    assert placement_decisions("info = ShardInfo(name='t', vocab=3, dim=2, rank=0, world_size=1)")
+    assert placement_decisions("x = table_info.ShardInfo(**kw)")
+    assert placement_decisions("f(replicated=True)")
+    assert placement_decisions("r = backend == 'replicated' or size < replicate_below_bytes")
+    assert placement_decisions("r = nbytes < ctx.replicate_below_bytes")
+    assert not placement_decisions("info = shards.place(spec)\nr = info.replicated\nname = 'replicated'\n"
+                                   "t = x if replicate_below_bytes is None else y")

@@ -16,6 +16,7 @@ from collective import CollectiveStrategy
 from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
 from collective.checkpoint.layout import block_bounds, restore_rows
 from collective.embedding.layout import ShardLayout
+from collective.sharding.layouts.table_wise import TableWiseLayout
 
 from graphs import while_loops
 from launcher import launch_once, load_rank_results, run_workers
@@ -138,6 +139,10 @@ def test_small_tables_restore_their_rows_when_a_stored_block_holds_none_of_them(
         for rank in range(m):
             rows = restore_rows(prefix, "table", splits, [vocab, 2], tf.float32, ShardLayout(rank, m))
             np.testing.assert_array_equal(rows.numpy(), values[rank::m], err_msg=f"rank {rank} of {m}")
+            # Table-wise (issue 43): the holder reads every row, the other ranks none.
+            rows = restore_rows(prefix, "table", splits, [vocab, 2], tf.float32, TableWiseLayout(rank, m, m - 1))
+            np.testing.assert_array_equal(rows.numpy(), values if rank == m - 1 else values[:0],
+                                          err_msg=f"table-wise, rank {rank} of {m}")
 
 
 def _events(directory: pathlib.Path):

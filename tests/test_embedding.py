@@ -160,3 +160,24 @@ def test_training_matches_one_process_on_the_global_batch(sharded_run, reference
     # Training moved the tables: parity is not two untouched copies.
     assert not np.allclose(small, cases.table_values(3)[:2])
     assert not np.allclose(t1, cases.table_values(1))
+
+
+@pytest.mark.parametrize("backend", ["hb", "sok"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_table_wise_tables_train_as_one_process(backend, n, reference_training):
+    """``sharding={"t1": "table_wise", "t2": "table_wise"}``: each table whole on one rank (the planner spreads
+    them: t1 on rank 0, t2 on rank 1), the other ranks holding no rows; training equals one process."""
+    res = results_for(n)[backend]
+    losses, (t1, t2), (w, b, small) = reference_training[cases.OPTIMIZERS[-1]]
+    holders = [0, 1]
+    np.testing.assert_allclose(np.mean([res[r]["tw_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    for r in range(n):
+        assert res[r]["tw_holders"].tolist() == holders
+        for got, want, holder in ((res[r]["tw_t1"], t1, holders[0]), (res[r]["tw_t2"], t2, holders[1])):
+            np.testing.assert_allclose(got, want if r == holder else want[:0], rtol=1e-4, atol=1e-6)
+        for key, want in (("tw_w", w), ("tw_b", b), ("tw_small", small)):
+            np.testing.assert_allclose(res[r][key], want, rtol=1e-4, atol=1e-6)
+        if backend == "hb":  # its checkpoint restores into row-wise tables and records the plan it was saved under
+            np.testing.assert_allclose(res[r]["tw_restored_t1"], t1[r::n], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(res[r]["tw_restored_t2"], t2[r::n], rtol=1e-4, atol=1e-6)
+            assert res[r]["tw_recorded"].tolist() == ["table_wise", "table_wise"]

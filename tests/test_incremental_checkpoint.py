@@ -267,6 +267,9 @@ def test_save_incremental_needs_a_base_and_a_new_step_and_adam_deltas_hold_every
             assert not [op for op in sess.graph.get_operations() if "delta" in op.name]
             sess.graph.finalize()
             delta = saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
+            # Full checkpoints and deltas record the plan they were saved under (issue 43).
+            assert manifest.read_plan(str(tmp_path / "adam" / "model.ckpt-1")) == manifest.read_plan(delta) \
+                == strategy.plan and strategy.plan["adam_t"].placement == "row_wise"
             with pytest.raises(CheckpointError, match=r"model.ckpt-2.delta is already the end of the chain"):
                 saver.save_incremental(sess, str(tmp_path / "adam" / "model.ckpt"), global_step=global_step)
             want = sess.run([table, *[v for v in tf.compat.v1.global_variables() if "Adam" in v.op.name]])

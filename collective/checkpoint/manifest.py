@@ -15,7 +15,10 @@ to its own folder:
   link to the predecessor's content (its manifest lists its files' SHA-256):
   a later save of that step from another training history breaks the link;
 - ``files``: every file of the bundle with its size and SHA-256;
-- ``rows``: per table, the number of rows stored.
+- ``rows``: per table, the number of rows stored;
+- ``plan``: the sharding plan it was saved under (:meth:`ShardingPlan.to_json`'s
+  object), as a full checkpoint records its own in ``<prefix>.plan.json``
+  (:func:`write_plan`; the bundle, which ``tf.train.load_variable`` reads, is unchanged).
 
 :func:`verify_chain` walks ``previous`` links back to the base and checks
 every file; :func:`latest_incremental_checkpoint` finds the newest delta of
@@ -35,11 +38,14 @@ from typing import Collection, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from collective.sharding.plan import ShardingPlan
+
 FORMAT = "collective-delta/2"
 # Manifests of this format name their predecessor by file name only: a chain of them cannot be trusted.
 UNBOUND_FORMATS = ("collective-delta/1",)
 DELTA_SUFFIX = ".delta"
 MANIFEST_SUFFIX = ".manifest.json"
+PLAN_SUFFIX = ".plan.json"
 
 
 class ChainError(ValueError):
@@ -122,7 +128,8 @@ def manifest_sha256(prefix: str) -> str:
 
 
 def write_manifest(prefix: str, step: int, world_size: int, base: str, base_step: Optional[int],
-                   fingerprint: Dict, previous: Optional[str], rows: Dict[str, int]) -> str:
+                   fingerprint: Dict, previous: Optional[str], rows: Dict[str, int],
+                   plan: Optional[ShardingPlan] = None) -> str:
     """Writes ``prefix``'s manifest atomically (the delta's commit); returns its path.
 
     ``previous`` (the delta before, if any) must be committed: its manifest's SHA-256 is recorded.
@@ -135,13 +142,40 @@ def write_manifest(prefix: str, step: int, world_size: int, base: str, base_step
         "previous_sha256": manifest_sha256(previous) if previous else None,
         "files": [file_entry(f) for f in bundle_files(prefix)],
         "rows": {name: int(n) for name, n in rows.items()},
+        "plan": json.loads(plan.to_json()) if plan is not None else None,
     }
-    path = manifest_path(prefix)
+    return _write_atomically(manifest_path(prefix), json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def _write_atomically(path: str, text: str) -> str:
     temp = path + ".tmp"
     with tf.io.gfile.GFile(temp, "w") as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True))
+        f.write(text)
     tf.io.gfile.rename(temp, path, overwrite=True)
     return path
+
+
+def write_plan(prefix: str, plan: ShardingPlan) -> str:
+    """Records beside full checkpoint ``prefix`` the sharding plan it was saved under; returns the file's path."""
+    return _write_atomically(prefix + PLAN_SUFFIX, plan.to_json())
+
+
+def read_plan(prefix: str) -> Optional[ShardingPlan]:
+    """The sharding plan checkpoint ``prefix`` (full or delta) was saved under; None when it recorded none."""
+    if is_delta(prefix):
+        recorded = read_manifest(prefix).get("plan")
+        return ShardingPlan.from_json(json.dumps(recorded)) if recorded else None
+    if not tf.io.gfile.exists(prefix + PLAN_SUFFIX):
+        return None
+    with tf.io.gfile.GFile(prefix + PLAN_SUFFIX) as f:
+        return ShardingPlan.from_json(f.read())
+
+
+def remove_orphan_plans(folder: str) -> None:
+    """Removes the plan records of full checkpoints no longer there (deleted as older than ``max_to_keep``)."""
+    for path in tf.io.gfile.glob(os.path.join(glob.escape(folder), "*" + PLAN_SUFFIX)):
+        if not tf.io.gfile.exists(path[:-len(PLAN_SUFFIX)] + ".index"):
+            tf.io.gfile.remove(path)
 
 
 def read_manifest(prefix: str) -> Dict:

@@ -46,6 +46,8 @@ from collective.runtime import heartbeat
 from collective.checkpoint import hash_tables, incremental, layout, manifest, touched
 from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
 from collective.embedding.table import shard_of
+from collective.sharding import runtime as sharding_runtime
+from collective.sharding.plan import ShardingPlan
 from collective.tf_internals import checkpoint_management, compat, extending, io_ops, saver_lib, training_util
 
 logger = logging.getLogger("collective.checkpoint")
@@ -372,7 +374,7 @@ class Saver(saver_lib.Saver):
         chain = self._chain
         manifest.write_manifest(prefix, step if step is not None else -1, n, chain.base, manifest.step_of(chain.base),
                                 self._base_fingerprint(chain.base), chain.deltas[-1] if chain.deltas else None,
-                                {t.name: r for t, r in zip(self._delta_tables, rows)})
+                                {t.name: r for t, r in zip(self._delta_tables, rows)}, _plan())
 
     def _base_fingerprint(self, base: str) -> dict:
         """The chain base's fingerprint, computed once per base (rank 0)."""
@@ -429,6 +431,9 @@ class Saver(saver_lib.Saver):
         """Rank 0: merges the parts, clears ``parts_dir``, then names the new checkpoint in the state file."""
         sess.run(self._merge, {self._merge_parts: parts, self._merge_dest: checkpoint_file})
         _remove_stale_parts(parts_dir)
+        plan = _plan()
+        if plan is not None:
+            manifest.write_plan(checkpoint_file, plan)
         if write_state:
             self._RecordLastCheckpoint(checkpoint_file)
             checkpoint_management.update_checkpoint_state_internal(
@@ -436,6 +441,7 @@ class Saver(saver_lib.Saver):
                 all_model_checkpoint_paths=self.last_checkpoints, latest_filename=latest_filename,
                 save_relative_paths=self._save_relative_paths)
             self._MaybeDeleteOldCheckpoints(meta_graph_suffix=meta_graph_suffix)
+            manifest.remove_orphan_plans(os.path.dirname(checkpoint_file))
 
     def _agree(self, sess, error: Optional[BaseException], what: str) -> None:
         """Barrier: raises on every worker if any worker failed."""
@@ -541,6 +547,12 @@ def _flat_specs(saveables) -> Tuple[List[str], List[str], List[tf.Tensor]]:
     """``(names, slice specs, tensors)`` of every spec of ``saveables``, in order (one ``SaveV2`` call's inputs)."""
     specs = [spec for saveable in saveables for spec in saveable.specs]
     return [spec.name for spec in specs], [spec.slice_spec for spec in specs], [spec.tensor for spec in specs]
+
+
+def _plan() -> Optional[ShardingPlan]:
+    """The sharding plan this process's tables were made under (None before any table)."""
+    planning = sharding_runtime.active()
+    return planning.plan if planning is not None else None
 
 
 def default_saver() -> saver_lib.Saver:

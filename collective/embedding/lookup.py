@@ -21,10 +21,7 @@ from collective.embedding import exchanges, gradient_norms
 from collective.embedding.combiners import pad_rows
 from collective.embedding.exchanges.base import Exchange, Prepared, Request, prepare, serve_locally
 from collective.embedding.table import ShardInfo, shard_of
-
-# Hash-table vocabularies and SOK's layers are always sharded by key; under the
-# ``replicated`` backend this exchange serves them.
-SHARDED_FALLBACK = "hb"
+from collective.sharding import planner
 
 _active = threading.local()
 
@@ -48,9 +45,7 @@ def current() -> str:
 
 def exchange_for(p: Prepared, backend: str) -> Exchange:
     """The exchange that serves ``p``'s table when the step's backend is ``backend``."""
-    if p.info.replicated:
-        return exchanges.get("replicated")
-    return exchanges.get(SHARDED_FALLBACK if backend == "replicated" else backend)
+    return exchanges.get(planner.exchange_for(p.info.placement, backend))
 
 
 # Lookups build graph ops in plain Python: when a Keras layer or tf.function calls in, AutoGraph must not

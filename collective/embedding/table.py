@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from collective.embedding import key_init
 from collective.embedding.layout import ShardLayout
+from collective.sharding.layouts.table_wise import TableWiseLayout
 from collective.tf_internals import patches
 
 SHARDED_COLLECTION = "collective_sharded_tables"
@@ -48,9 +49,21 @@ class ShardInfo:
     replicated: bool = False
     # The factor on the gradient lookups send back to these rows (see :func:`tag`).
     gradient_scale: float = 1.0
+    # The rank holding the whole table (the ``table_wise`` placement), else None.
+    holder: Optional[int] = None
 
     @property
-    def layout(self) -> ShardLayout:
+    def placement(self) -> str:
+        """``replicated``, ``table_wise`` or ``row_wise`` (see :mod:`collective.sharding.plan`)."""
+        if self.holder is not None:
+            return "table_wise"
+        return "replicated" if self.replicated else "row_wise"
+
+    @property
+    def layout(self):
+        """This rank's :class:`ShardLayout` (or the table-wise layout, which has the same methods)."""
+        if self.holder is not None:
+            return TableWiseLayout(self.rank, self.world_size, self.holder)
         return ShardLayout(self.rank, self.world_size, self.replicated)
 
     @property

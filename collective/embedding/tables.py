@@ -43,6 +43,8 @@ import tensorflow as tf
 from collective.embedding import modes
 from collective.embedding.table import (SHARDED_COLLECTION, ShardInfo, partitioned_initializer, shard_initial_value,
                                         shard_of, tag)
+from collective.sharding import shards
+from collective.sharding.planner import ORDINARY, TableSpec
 
 if TYPE_CHECKING:
     from collective.context import Context
@@ -185,7 +187,9 @@ def _tag_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     if tuple(slot.shape.as_list()[:1]) != tuple(table.shape.as_list()[:1]):
         return slot  # per-worker state not shaped like the rows (Adafactor's factored moments): never broadcast
     name = slot.op.name if not tf.executing_eagerly() else slot.name.split(":")[0]
-    width = int(slot.shape.num_elements() // max(1, int(slot.shape[0]))) if slot.shape.is_fully_defined() else info.dim
+    # The product of the trailing dims (a table-wise table's rank that holds no rows has slots of 0 rows).
+    width = int(functools.reduce(lambda a, b: a * b, slot.shape.as_list()[1:], 1)) if slot.shape.is_fully_defined() \
+        else info.dim
     return tag(slot, dataclasses.replace(info, name=name, dim=width))
 
 
@@ -273,16 +277,15 @@ def custom_getter(added) -> Iterator[None]:
 
 def _table_info(ctx: "Context", name: str, static: tf.TensorShape, dtype: tf.DType,
                 replicate_below_bytes: int) -> Optional[ShardInfo]:
-    """How a variable of shape ``static`` made in ``embedding_scope()`` is held; None for an ordinary variable.
-
-    Whole on every worker (the ``replicated`` layout) under the ``replicated``
-    backend and below ``replicate_below_bytes``; sharded by rows otherwise.
-    """
-    if modes.is_exporting() or not _is_table(ctx, static):
+    """How a variable of shape ``static`` made in ``embedding_scope()`` is held, as the plan places it; None for an
+    ordinary variable (not 2-D, exporting, or planned as one: see :mod:`collective.sharding.planner`)."""
+    if modes.is_exporting() or not (static.rank == 2 and static.is_fully_defined()):
         return None
-    replicated = ctx.backend == "replicated" or static.num_elements() * dtype.size < replicate_below_bytes
-    return ShardInfo(name=name, vocab=int(static[0]), dim=int(static[1]), rank=ctx.rank, world_size=ctx.world_size,
-                     replicated=replicated)
+    spec = TableSpec(name, int(static[0]), int(static[1]), dtype.name)
+    table = shards.plan_of(spec, replicate_below_bytes)
+    if table.exchange == ORDINARY:
+        return None
+    return shards.shard_info(table, ctx.rank, ctx.world_size)
 
 
 def _is_table(ctx: "Context", static: tf.TensorShape) -> bool:
@@ -313,7 +316,8 @@ def sharding_creator(ctx: "Context", replicate_below_bytes: int):
             shape = initial_value.shape  # tf.Variable(<a whole table>): a pretrained table
         dtype = tf.as_dtype(kwargs.get("dtype") or getattr(initial_value, "dtype", None) or tf.float32).base_dtype
         static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
-        info = _table_info(ctx, kwargs.get("name") or "embedding", static, dtype, replicate_below_bytes)
+        info = _table_info(ctx, _expected_name(kwargs.get("name") or "embedding"), static, dtype,
+                           replicate_below_bytes)
         if info is None:
             return next_creator(**kwargs)
         local_value = _local_initial_value(initial_value, info, dtype)
@@ -321,10 +325,19 @@ def sharding_creator(ctx: "Context", replicate_below_bytes: int):
                       dtype=dtype)
         with creating_shard(info):
             var = next_creator(**kwargs)
+        shards.record_name(info.name, var.name.split(":")[0] if tf.executing_eagerly() else var.op.name)
         name = kwargs.get("name") if tf.executing_eagerly() else var.op.name
         return tag(var, dataclasses.replace(info, name=name or info.name))
 
     return create
+
+
+def _expected_name(name: str) -> str:
+    """The name a variable created now as ``name`` gets (its plan's name, before it exists)."""
+    if tf.executing_eagerly():
+        scope = tf.get_current_name_scope()
+        return f"{scope}/{name}" if scope else name
+    return tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
 
 
 def _local_initial_value(initial_value, info: ShardInfo, dtype: tf.DType):
@@ -376,8 +389,9 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
     def _get_from_value(getter, name, dtype, initializer, partitioner, kwargs):
         """``get_variable(name, initializer=<a whole table as a tensor or array>)``: a pretrained table."""
         value = tf.convert_to_tensor(initializer, dtype=dtype)
-        info = _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
-        if info is None or derived_table(value) is not None:
+        derived = derived_table(value) is not None
+        info = None if derived else _table_info(ctx, name, value.shape, value.dtype.base_dtype, replicate_below_bytes)
+        if info is None:
             return getter(name, shape=None, dtype=dtype, initializer=initializer,
                           partitioner=_whole_in_export(value.shape, partitioner, ctx), **kwargs)
         _shard_regularizer(kwargs, info)

@@ -327,7 +327,7 @@ class CollectiveEstimator:
         hooks = [h for h in spec.training_hooks if not isinstance(h, IncrementalSaverHook)]
         hooks += [h for h in saving if not isinstance(h, IncrementalSaverHook)]
         hooks.append(hooks_lib.ThroughputHook(self._throughput_every, samples=samples, loss=loss))
-        hooks.append(heartbeat.HeartbeatHook())
+        hooks += [heartbeat.HeartbeatHook(), hooks_lib.PlanHook()]
         config = self._user_config
         if config.save_checkpoints_secs or config.save_checkpoints_steps:
             hooks.append(session_lib.CheckpointSaverHook(

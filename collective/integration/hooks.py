@@ -23,8 +23,20 @@ import tensorflow as tf
 
 from collective import comm
 from collective.byte_model import bytes_per_sample, sent_bytes
+from collective.sharding import runtime as sharding_runtime
 
 logger = logging.getLogger(__name__)
+
+
+class PlanHook(tf.compat.v1.train.SessionRunHook):
+    """Before the session (and so before step 0): the sharding plan checked whole, agreed on by every worker
+    (:class:`collective.sharding.runtime.PlanMismatchError` otherwise) and logged once by rank 0."""
+
+    def __init__(self):
+        self._planning = sharding_runtime.active()  # the strategy whose scope makes the session, if any
+
+    def begin(self):
+        sharding_runtime.announce(self._planning)
 
 
 def _global_step_read() -> tf.Tensor:

@@ -24,6 +24,7 @@ from collective import comm, context
 from collective.runtime import heartbeat, preemption
 from collective.checkpoint import Saver
 from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
+from collective.integration.hooks import PlanHook
 from collective.integration.incremental import IncrementalSaverHook
 from collective.embedding import modes
 from collective.embedding.table import SHARDED_COLLECTION, shard_of
@@ -235,7 +236,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                                               incremental_save_secs=None if save_incremental_checkpoint_steps
                                               else save_incremental_checkpoint_secs, scaffold=scaffold))
     all_hooks.extend(hooks or [])
-    all_hooks.append(heartbeat.HeartbeatHook())
+    all_hooks += [heartbeat.HeartbeatHook(), PlanHook()]
     original = patches.original(monitored_session, "MonitoredTrainingSession")
     if not chief:
         save_summaries_steps = save_summaries_secs = log_step_count_steps = None

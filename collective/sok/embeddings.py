@@ -37,6 +37,8 @@ import tensorflow as tf
 from collective import comm, context
 from collective.embedding import lookup as sharded
 from collective.embedding.table import ShardInfo, shard_initial_value, tag
+from collective.sharding import shards
+from collective.sharding.planner import TableSpec
 from collective.sok.checkpoint import not_saved, save_logical
 from collective.sok.init import refuse_tf_distribute
 
@@ -145,8 +147,8 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                 self._non_trainable_weights.extend(state)
                 self.__dict__.update(hash_keys=state[0], hash_rows=state[1], hash_size=state[2])
         else:
-            info = ShardInfo(name=self.name, vocab=vocab, dim=self.embedding_vec_size, rank=ctx.rank,
-                             world_size=ctx.world_size)
+            info = shards.place(TableSpec(self.name, vocab, self.embedding_vec_size, tf.as_dtype(self.dtype).name,
+                                          api="sok"))
 
             def local_initializer(shape, dtype=None, **_):
                 return shard_initial_value(self.initializer, info, dtype or self.dtype)
@@ -154,8 +156,7 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
             def logical_shard(next_creator, **kwargs):
                 # Tagged and hooked before add_weight tracks it: a pending checkpoint restore runs then.
                 shard = next_creator(**kwargs)
-                tag(shard, ShardInfo(name=shard.name.split(":")[0], vocab=vocab, dim=info.dim, rank=ctx.rank,
-                                     world_size=ctx.world_size))
+                tag(shard, shards.renamed(info, shard.name.split(":")[0]))
                 return save_logical(shard)
 
             with tf.variable_creator_scope(logical_shard):

@@ -16,10 +16,12 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective import comm, context
+from collective import comm
 from collective.checkpoint import touched
 from collective.embedding import hash_table
-from collective.embedding.table import ShardInfo, shard_initial_value, shard_of, tag
+from collective.embedding.table import shard_initial_value, shard_of, tag
+from collective.sharding import shards
+from collective.sharding.planner import TableSpec
 from collective.sok.checkpoint import not_saved, save_logical
 from collective.sok.init import refuse_tf_distribute
 
@@ -84,8 +86,7 @@ def Variable(initial_value=None, shape=None, initializer=None, dtype=None, name:
         dtype = tf.as_dtype(dtype or tf.float32)
         initializer = tf.keras.initializers.get(initializer) if initializer is not None else \
             tf.keras.initializers.RandomUniform(-0.05, 0.05)
-    ctx = context.get()
-    info = ShardInfo(name=name, vocab=int(shape[0]), dim=int(shape[1]), rank=ctx.rank, world_size=ctx.world_size)
+    info = shards.place(TableSpec(name, int(shape[0]), int(shape[1]), dtype.name, api="sok"))
     with tf.init_scope():
         local = shard_initial_value(initializer, info, dtype)
     if tf.executing_eagerly():
@@ -93,8 +94,7 @@ def Variable(initial_value=None, shape=None, initializer=None, dtype=None, name:
     else:
         var = tf.compat.v1.get_variable(name, initializer=local, trainable=trainable, dtype=dtype,
                                         use_resource=True)
-    var = save_logical(tag(var, ShardInfo(name=var.name.split(":")[0], vocab=info.vocab, dim=info.dim,
-                                          rank=ctx.rank, world_size=ctx.world_size)))
+    var = save_logical(tag(var, shards.renamed(info, var.name.split(":")[0])))
     return touched.record_update_times(var)  # for sok.incremental_dump
 
 

@@ -1,11 +1,16 @@
-"""Lookups with bad or empty input on one worker. argv: mode backend (mode: negative, too_large, empty)."""
+"""Lookups with bad or empty input on one worker. argv: mode backend (mode: negative, too_large, empty).
 
+``empty`` also agrees on the sharding plan: rank 0 logs it, and a rank that made another table is refused.
+"""
+
+import logging
 import sys
 
 import numpy as np
 import tensorflow as tf
 
 from collective import CollectiveStrategy
+from collective.sharding.runtime import PlanMismatchError
 
 mode, backend = sys.argv[1], sys.argv[2]
 strategy = CollectiveStrategy(backend)
@@ -26,3 +31,18 @@ with strategy.scope(), tf.Graph().as_default():
         sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
         d, c = sess.run([dense, combined], {ph: ids})
 print(f"rank {r} dense {d.shape} sparse {c.shape} sum {d.sum():.1f}")
+
+if mode == "empty":
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("collective.sharding").setLevel(logging.INFO)
+    strategy.announce_plan()
+    other = CollectiveStrategy(backend)
+    with other.scope(), tf.Graph().as_default(), other.embedding_scope():
+        tf.compat.v1.get_variable("same", [6, 2])
+        if r == strategy.world_size() - 1:
+            tf.compat.v1.get_variable("only_here", [6, 2])
+    try:
+        other.announce_plan()
+        print(f"rank {r} agrees")
+    except PlanMismatchError as err:
+        print(f"rank {r} refused: {err}")

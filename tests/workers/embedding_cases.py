@@ -141,11 +141,28 @@ def sparse_value(rows, values, batch):
     return tf.compat.v1.SparseTensorValue(np.stack([rows, cols], 1).astype(np.int64), values, [batch, 3])
 
 
-def train(optimizer_name: str, batches, strategy=None, with_small: bool = False):
-    """Runs the model over ``batches``; returns losses, final tables and dense weights."""
+def train(optimizer_name: str, batches, strategy=None, with_small: bool = False, save_to=None):
+    """Runs the model over ``batches``; returns losses, final tables and dense weights (saved to ``save_to``
+    with collective's Saver when given)."""
     with tf.Graph().as_default():
         loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy, with_small)
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
             losses = [sess.run([loss, train_op], feed(batch))[0] for batch in batches]
+            if save_to is not None:
+                from collective.checkpoint import Saver  # pylint: disable=import-outside-toplevel
+
+                Saver().save(sess, save_to)
             return np.array(losses), sess.run(tables), sess.run(dense_vars)
+
+
+def restored_tables(optimizer_name: str, strategy, prefix: str):
+    """The model's tables (this worker's rows) restored from checkpoint ``prefix`` by collective's Saver."""
+    from collective.checkpoint import Saver  # pylint: disable=import-outside-toplevel
+
+    with tf.Graph().as_default():
+        _, _, tables, _, _ = build_training(optimizer_name, strategy, with_small=True)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, prefix)
+            return sess.run(tables)

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import embedding_cases as cases
 from collective import CollectiveStrategy
+from collective.checkpoint import manifest
 
 out_dir, backends, optimizers = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 
@@ -91,6 +92,23 @@ def run(backend):
             results[f"{name}_losses"] = losses
             results[f"{name}_t1"], results[f"{name}_t2"] = tables
             results[f"{name}_w"], results[f"{name}_b"], results[f"{name}_small"] = dense_vars
+
+    if backend in ("hb", "sok") and optimizers and n > 1:
+        # Table-wise tables (issue 43): each whole on the rank the planner picks, trained as one process trains.
+        # Under hb also saved, and restored into row-wise tables: the checkpoint holds the logical tables.
+        table_wise = CollectiveStrategy(backend, sharding={"t1": "table_wise", "t2": "table_wise"})
+        prefix = os.path.join(out_dir, "tw", "model.ckpt") if backend == "hb" else None
+        with table_wise.scope():
+            losses, tables, dense_vars = cases.train(optimizers[-1], batches, table_wise, with_small=True,
+                                                     save_to=prefix)
+        results["tw_losses"], (results["tw_t1"], results["tw_t2"]) = losses, tables
+        results["tw_w"], results["tw_b"], results["tw_small"] = dense_vars
+        results["tw_holders"] = np.array([table_wise.plan[t].ranks[0] for t in ("t1", "t2")])
+        if prefix is not None:
+            with strategy.scope():
+                results["tw_restored_t1"], results["tw_restored_t2"] = cases.restored_tables(
+                    optimizers[-1], strategy, prefix)
+            results["tw_recorded"] = np.array([manifest.read_plan(prefix)[t].placement for t in ("t1", "t2")])
 
     os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
     np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)

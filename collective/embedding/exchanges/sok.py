@@ -34,7 +34,7 @@ class SokExchange(Exchange):
     def group_key(self, p: Prepared) -> Hashable:
         if p.req.plain:
             return ("alltoall",) + super().group_key(p)
-        return ("allgather", p.dtype, id(p.req.table) if p.info.hash_index is not None else None)
+        return ("allgather", p.dtype, id(p.req.table) if p.info.hash_index is not None else None, p.info.holder)
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
         if group[0].req.plain:

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from collective.embedding import modes
 from collective.embedding.hash_table import local_variables
-from collective.embedding.table import ShardInfo
+from collective.sharding import shards
 
 
 class ExportedTable:
@@ -92,6 +92,5 @@ def export_variable(name: str, dim: int, dtype=tf.float32, default_row=None) -> 
     table = ExportedTable(table_name, values, export_index(name, table_name), rows, default_row)
     values._collective_exported_hash_table = table  # pylint: disable=protected-access
     # A one-worker ShardInfo (not in the sharded-table collection): lookups route to ``table``.
-    values._collective_shard = ShardInfo(  # pylint: disable=protected-access
-        name=values.op.name, vocab=rows, dim=int(dim), rank=0, world_size=1, hash_index=table)
+    values._collective_shard = shards.export_shard(values.op.name, rows, int(dim), table)  # pylint: disable=protected-access
     return values

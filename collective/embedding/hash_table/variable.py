@@ -21,7 +21,9 @@ from collective.embedding.hash_table.growth import Growth, hidden
 from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
 from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy, policy_from
-from collective.embedding.table import ShardInfo, shard_of, tag
+from collective.embedding.table import shard_of, tag
+from collective.sharding import shards
+from collective.sharding.planner import TableSpec
 from collective.embedding.tables import creating_shard
 
 HASH_TABLES_COLLECTION = "collective_hash_tables"
@@ -110,10 +112,9 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     existing = _find_existing(table_name)
     if existing is not None:
         return existing.values
-    rank, world_size = comm.rank(), comm.world_size()
     collections = list(collections or [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
-    info = ShardInfo(name=table_name, vocab=int(capacity_per_worker) * world_size, dim=int(dim), rank=rank,
-                     world_size=world_size)
+    info = shards.place(TableSpec(table_name, int(capacity_per_worker) * comm.world_size(), int(dim),
+                                  tf.as_dtype(dtype).name, key_space="hash"))
     plan = Growth(table_name, int(capacity_per_worker), initial, load_factor) if initial is not None else None
     with creating_shard(info):
         if plan is None or len(plan.slots) == 1:
@@ -128,8 +129,7 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     table.values = values
     table.grows_with_index(values)
     tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
-    return tag(values, ShardInfo(name=values.op.name, vocab=info.vocab, dim=info.dim, rank=rank,
-                                 world_size=world_size, hash_index=table))
+    return tag(values, shards.renamed(info, values.op.name, hash_index=table))
 
 
 def _initial_capacity(table: str, capacity: int, initial: Optional[int]) -> Optional[int]:
@@ -156,6 +156,5 @@ def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int
     table = HashTable(table_name, dim, capacity_per_worker, initializer, dtype, load_factor,
                       index_scope=name + "/hash_index")
     table.values = values
-    world_size = comm.world_size()
-    return tag(values, ShardInfo(name=table_name, vocab=int(capacity_per_worker) * world_size, dim=int(dim),
-                                 rank=comm.rank(), world_size=world_size, hash_index=table))
+    return tag(values, shards.place(TableSpec(table_name, int(capacity_per_worker) * comm.world_size(), int(dim),
+                                              tf.as_dtype(dtype).name, key_space="hash"), hash_index=table))

@@ -1,0 +1,56 @@
+"""Each worker's :class:`~collective.embedding.table.ShardInfo`, made from the plan: the only place one is made.
+
+A face (``embedding_scope()``'s getters, hash tables, SOK's layers and
+variables) describes its table as a :class:`~collective.sharding.planner.TableSpec`;
+:func:`place` asks the current planning (:mod:`collective.sharding.runtime`)
+and returns this worker's shard of the answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from collective.embedding.table import ShardInfo
+from collective.sharding import runtime
+from collective.sharding.plan import TablePlan
+from collective.sharding.planner import TableSpec
+
+
+def shard_info(table: TablePlan, rank: int, world_size: int, name: Optional[str] = None,
+               hash_index: Any = None) -> ShardInfo:
+    """Rank ``rank``'s shard of the planned ``table``."""
+    holder = table.ranks[0] if table.placement == "table_wise" else None
+    return ShardInfo(name=name or table.name, vocab=table.rows, dim=table.dim, rank=rank, world_size=world_size,
+                     hash_index=hash_index, replicated=table.placement == "replicated", holder=holder)
+
+
+def place(spec: TableSpec, replicate_below_bytes: Optional[int] = None, hash_index: Any = None) -> ShardInfo:
+    """This worker's shard of ``spec``, as the current planning places it."""
+    planning = runtime.current()
+    table = planning.place(spec, replicate_below_bytes)
+    return shard_info(table, planning.rank, planning.world_size, hash_index=hash_index)
+
+
+def plan_of(spec: TableSpec, replicate_below_bytes: Optional[int] = None) -> TablePlan:
+    """The current planning's plan of ``spec`` (for a face that needs to know before it makes the variable)."""
+    return runtime.current().place(spec, replicate_below_bytes)
+
+
+def record_name(planned: str, made: str) -> None:
+    """Records that the table planned as ``planned`` was made as the variable ``made``."""
+    runtime.current().rename(planned, made)
+
+
+def renamed(info: ShardInfo, name: str, hash_index: Any = None) -> ShardInfo:
+    """``info`` under the graph name its variable got (the plan follows), with ``hash_index`` when given."""
+    record_name(info.name, name)
+    changes = {"name": name}
+    if hash_index is not None:
+        changes["hash_index"] = hash_index
+    return dataclasses.replace(info, **changes)
+
+
+def export_shard(name: str, rows: int, dim: int, hash_index: Any) -> ShardInfo:
+    """The one-worker shard of a hash table's export form (an export is one process: no plan)."""
+    return ShardInfo(name=name, vocab=rows, dim=dim, rank=0, world_size=1, hash_index=hash_index)
