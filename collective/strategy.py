@@ -51,6 +51,7 @@ class CollectiveStrategy:
             ctx = dataclasses.replace(ctx, backend=exchanges.check(backend))
         self._context = ctx
         self._planning = sharding_runtime.Planning(ctx, sharding, memory_per_worker)
+        self._own_overrides = sharding is not None or memory_per_worker is not None
 
     @property
     def plan(self) -> ShardingPlan:
@@ -96,11 +97,14 @@ class CollectiveStrategy:
         while exporting, are ordinary variables.
         """
         threshold = self._context.replicate_below_bytes if replicate_below_bytes is None else replicate_below_bytes
+        # A strategy made without overrides inside another's scope (a model_fn's own
+        # ``CollectiveStrategy().embedding_scope()``) places its tables in the enclosing plan.
+        planning = (None if self._own_overrides else sharding_runtime.enclosing()) or self._planning
         # Keras layers (``DenseFeatures``, ``add_weight``) make variables without
         # get_variable: a variable creator shards those.
         with tables.custom_getter(tables.sharding_getter(self._context, threshold)), \
                 tf.compat.v1.variable_creator_scope(tables.sharding_creator(self._context, threshold)), \
-                tables.embedding_scope_block(), sharding_runtime.using(self._planning):
+                tables.embedding_scope_block(), sharding_runtime.using(planning):
             yield
 
     def session_config(self, base: Optional[tf.compat.v1.ConfigProto] = None) -> tf.compat.v1.ConfigProto:

@@ -154,6 +154,8 @@ class SessionEngine:
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer(),
                           tf.compat.v1.tables_initializer()])
                 handle_values = sess.run(handles)
+                if self.strategy:  # rank 0 logs where the tables live; every rank agrees on it before step 0
+                    self.strategy.announce_plan()
                 events = summaries.TrainSummaries(self.model_dir, max_steps, global_batch, self.save_summary_steps,
                                                   self.rank)
 

@@ -96,6 +96,12 @@ def test_sharding_overrides_reach_every_face_and_a_bad_one_is_refused_naming_the
     with by_call.scope(), tf.Graph().as_default(), by_call.embedding_scope():
         assert shard_of(tf.compat.v1.get_variable("user", [6, 2])).replicated
 
+    # A model_fn's own CollectiveStrategy().embedding_scope() (the model zoo's, DeepRec's) inside the scope of a
+    # strategy given overrides places its tables in that strategy's plan, under its overrides.
+    with by_call.scope(), tf.Graph().as_default(), CollectiveStrategy().embedding_scope():
+        assert shard_of(tf.compat.v1.get_variable("inner/user", [6, 2])).replicated
+    assert by_call.plan["inner/user"].placement == "replicated"
+
     written = tmp_path / "plan.json"
     written.write_text(strategy.plan.to_json())
     monkeypatch.setenv("COLLECTIVE_SHARDING", str(written))

@@ -126,6 +126,12 @@ def using(planning: Planning) -> Iterator[Planning]:
         stack.pop()
 
 
+def enclosing() -> Optional[Planning]:
+    """The innermost :func:`using` block's planning, if the caller is inside one."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
 def current() -> Planning:
     """The innermost :func:`using` block's planning, else the process context's (made on first use)."""
     stack = getattr(_local, "stack", None)
