@@ -94,3 +94,25 @@ def test_hb_sok_and_plain_tensorflow_train_the_same_loss_curve(demo):
     assert np.std(curves["hb"]) > 1e-4, "the loss moved"
     np.testing.assert_allclose(curves["sok"], curves["hb"], rtol=1e-4)
     np.testing.assert_allclose(curves["plain"], curves["hb"], rtol=1e-4)
+
+
+
+def test_each_backend_run_shows_its_sharding_plan_once_before_training(demo):
+    """Issue 43: rank 0 of each backend's run logs the plan table (one block: DLRM's 26 tables) before step 0;
+    the plain run has none."""
+    _, output = demo
+    runs = {}
+    for line in output.splitlines():
+        if "collective.demo: running " in line:
+            runs[RUNS[len(runs)]] = []
+        elif runs:
+            runs[list(runs)[-1]].append(line)
+    for run, lines in runs.items():
+        plans = [i for i, line in enumerate(lines) if "collective.sharding: sharding plan:" in line]
+        if run == "plain":
+            assert not plans
+            continue
+        first_step = next(i for i, line in enumerate(lines) if PROGRESS.search(line))
+        assert len(plans) == 1 and plans[0] < first_step, (run, plans, first_step)
+        assert re.search(r"^\[0\] .*sharding plan: 26 table\(s\) on 2 worker\(s\)", lines[plans[0]]), lines[plans[0]]
+        assert lines[plans[0] + 1].split()[1:3] == ["table", "rows"], lines[plans[0] + 1]
