@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.checkpoint import logical
+from collective.embedding import traced
 from collective.embedding.layout import ShardLayout, positions_in_block
 from collective.embedding.table import ShardInfo
 from collective.tf_internals import io_ops
@@ -93,11 +94,8 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
 @functools.lru_cache(maxsize=None)
 def _block_reader(dtype: tf.DType, rank: int):
     """One function per dtype and rank that every table's restore calls: a graph holds one loop per kind of
-    tensor instead of one per table (each loop costs a tenth of a second to build).
-
-    It is traced once per process, in a graph of its own, and called in every graph: a ``tf.function``
-    would trace it again in each new graph (an Estimator builds a graph, and a saver, per train, evaluate
-    and predict call)."""
+    tensor instead of one per table (each loop costs a tenth of a second to build), traced once per process
+    (:func:`collective.embedding.traced.once`)."""
     signature = [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string), tf.TensorSpec([None], tf.int64),
                  tf.TensorSpec([rank], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)]
 
@@ -119,5 +117,4 @@ def _block_reader(dtype: tf.DType, rank: int):
         _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts], parallel_iterations=1)
         return parts.concat()
 
-    with tf.Graph().as_default():
-        return read_held_rows.get_concrete_function()
+    return traced.once(read_held_rows)
