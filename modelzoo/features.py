@@ -91,6 +91,8 @@ def _one_id_per_row(ids: Sequence[tf.Tensor]) -> List[tf.SparseTensor]:
     """Each feature's ids ``[batch]`` (of one batch) as a ``[batch, 1]`` SparseTensor (what the coalesced
     lookup takes); they share one indices and one dense-shape tensor."""
     ids = [tf.reshape(tf.cast(i, tf.int64), [-1]) for i in ids]
+    if not ids:
+        return []
     batch = tf.size(ids[0], tf.int64)
     rows = tf.range(batch)
     indices, dense_shape = tf.stack([rows, tf.zeros_like(rows)], axis=1), tf.stack([batch, 1])
