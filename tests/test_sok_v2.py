@@ -21,7 +21,6 @@ from workers import sok_v2_cases as cases  # noqa: E402
 
 # Order matters: each job loads the previous one's dump.
 JOBS = [(2, None), (3, 2), (1, 3)]
-TWINS = 2  # the job whose rank 0 also trains the pure-TF twins (on the global batch, whatever the world size)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +35,7 @@ def _job(base, n):
         _job(base, previous)
     out = base / f"n{n}"
     out.mkdir(exist_ok=True)
-    run_workers("sok_v2_worker.py", n, [out, base / f"n{previous}" if previous else "-",
-                                        "twins" if n == TWINS else "-"], timeout=300)
+    run_workers("sok_v2_worker.py", n, [out, base / f"n{previous}" if previous else "-"], timeout=300)
     return load_rank_results(out, n)
 
 
@@ -56,7 +54,7 @@ def _logical(ranks, prefix, name, what="values"):
 def test_matches_pure_tf_twin(base, n, kind):
     """TF2 (tf.function, Keras optimizers) and TF1 graphs (tf.compat.v1.train optimizers)."""
     ranks = _job(base, n)
-    twin = _job(base, TWINS)[0]
+    twin = ranks[0]
     for name, (rows, _) in cases.TABLES.items():
         got = _logical(ranks, kind, name)
         assert sorted(got) == list(range(rows))

@@ -1,15 +1,14 @@
 """A SOK v2 program (TF2, tf.function, Horovod-style) and its pure-TF twin; then dump/load and bad input.
 
-argv: out_dir previous_dir|- twins|-
+argv: out_dir previous_dir|-
 
 For each embedding optimizer (Adam, SGD): two sok.Variable tables and one
 sok.DynamicVariable, looked up with one sok.lookup_sparse call (sum, mean,
 mean; SparseTensor and RaggedTensor ids), a Dense layer on top, trained
 ``STEPS`` steps on this worker's slice of the global batch: dense gradients
 summed over workers, SOK gradients applied by sok.OptimizerWrapper. The twin
-(rank 0, with ``twins``: one launch, as it does not depend on the world size)
-trains plain tf.Variables with tf.nn.embedding_lookup_sparse on the whole
-global batch. After Adam the tables and slots are dumped with sok.dump
+(rank 0) trains plain tf.Variables with tf.nn.embedding_lookup_sparse on the
+whole global batch. After Adam the tables and slots are dumped with sok.dump
 into out_dir/dump; with a previous run's folder, fresh tables load that dump
 (written on another number of workers) and their rows and slots are recorded.
 
@@ -37,7 +36,7 @@ from collective.embedding.table import shard_of  # noqa: E402  pylint: disable=w
 import sok_v2_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
 
 tf.keras.backend.set_floatx("float64")
-out_dir, previous, twins = sys.argv[1], sys.argv[2], sys.argv[3] == "twins"
+out_dir, previous = sys.argv[1], sys.argv[2]
 sok.init()
 rank, n = comm.rank(), comm.world_size()
 local = cases.GLOBAL_BATCH // n
@@ -180,7 +179,7 @@ results["adam_inc_counts"] = np.array([list(sok.incremental_dump(
     for name, since in (("began", began), ("ended", time.time()))])
 train("sgd")
 train("adagrad", steps=4, after_step=dump_incrementally)
-if rank == 0 and twins:
+if rank == 0:
     twin("adam")
     twin("sgd")
 sok.dump(os.path.join(out_dir, "dump"), adam_tables, adam_wrapper)
@@ -260,7 +259,7 @@ def tf1_phase():
                     results[f"tf1_{kind}/{name}/keys"], results[f"tf1_{kind}/{name}/values"] = \
                         sess.run([keys, values])
                 results[f"tf1_{kind}/kernel"], results[f"tf1_{kind}/bias"] = sess.run([kernel, bias])
-        if rank == 0 and twins:
+        if rank == 0:
             tf1_twin(kind, make)
 
 
