@@ -11,7 +11,7 @@ serialized ``tf.Example``, or Criteo's values as in its TSV:
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -55,7 +55,7 @@ def embedding_layer(features: Mapping[str, tf.Tensor], spec: FeatureSpec, dim: i
             name, [spec.vocab(name), dim],
             initializer=tf.compat.v1.truncated_normal_initializer(stddev=stddev or dim ** -0.5, seed=seed * 1000 + i))
             for i, name in enumerate(names)]
-    sparse_ids = [_one_id_per_row(features[name]) for name in names]
+    sparse_ids = _one_id_per_row([features[name] for name in names])
     vectors = lookup_sparse_group(tables, sparse_ids, combiners=["sum"] * len(names), name=scope + "_lookup",
                                   pad_to_batch=True)
     return tf.stack(vectors, axis=1)
@@ -87,11 +87,16 @@ def _constant_embeddings(features: Mapping[str, tf.Tensor], names: Sequence[str]
     return tf.broadcast_to(tf.constant(vectors, tf.float32), tf.stack([batch, len(names), dim]))
 
 
-def _one_id_per_row(ids: tf.Tensor) -> tf.SparseTensor:
-    """Ids ``[batch]`` as a ``[batch, 1]`` SparseTensor (what the coalesced lookup takes)."""
-    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    rows = tf.range(tf.shape(ids, out_type=tf.int64)[0])
-    return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids, tf.stack([tf.size(ids, tf.int64), 1]))
+def _one_id_per_row(ids: Sequence[tf.Tensor]) -> List[tf.SparseTensor]:
+    """Each feature's ids ``[batch]`` (of one batch) as a ``[batch, 1]`` SparseTensor (what the coalesced
+    lookup takes); they share one indices and one dense-shape tensor."""
+    ids = [tf.reshape(tf.cast(i, tf.int64), [-1]) for i in ids]
+    if not ids:
+        return []
+    batch = tf.size(ids[0], tf.int64)
+    rows = tf.range(batch)
+    indices, dense_shape = tf.stack([rows, tf.zeros_like(rows)], axis=1), tf.stack([batch, 1])
+    return [tf.SparseTensor(indices, i, dense_shape) for i in ids]
 
 
 def numeric_tensor(features: Mapping[str, tf.Tensor], spec: FeatureSpec) -> tf.Tensor:

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.checkpoint import logical
+from collective.embedding import traced
 from collective.embedding.layout import ShardLayout, positions_in_block
 from collective.embedding.table import ShardInfo
 from collective.tf_internals import io_ops
@@ -78,7 +79,10 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
     a tensor). Reading whole stored slices means each is read exactly once.
     """
     full_shape = list(full_shape)
-    shape = tf.stack([tf.cast(d, tf.int64) for d in full_shape])
+    if all(isinstance(d, (int, np.integer)) for d in full_shape):
+        shape = tf.constant(full_shape, tf.int64)  # one op where a stack of casts is five
+    else:
+        shape = tf.stack([tf.cast(d, tf.int64) for d in full_shape])
     first, step = layout.stride()
     rows = _block_reader(tf.as_dtype(dtype), len(full_shape))(
         tf.convert_to_tensor(prefix, tf.string), tf.constant(key), tf.cast(row_splits, tf.int64), shape,
@@ -90,7 +94,8 @@ def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape,
 @functools.lru_cache(maxsize=None)
 def _block_reader(dtype: tf.DType, rank: int):
     """One function per dtype and rank that every table's restore calls: a graph holds one loop per kind of
-    tensor instead of one per table (each loop costs a tenth of a second to build)."""
+    tensor instead of one per table (each loop costs a tenth of a second to build), traced once per process
+    (:func:`collective.embedding.traced.once`)."""
     signature = [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string), tf.TensorSpec([None], tf.int64),
                  tf.TensorSpec([rank], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)]
 
@@ -112,4 +117,4 @@ def _block_reader(dtype: tf.DType, rank: int):
         _, parts = tf.while_loop(lambda b, _: b < blocks, body, [tf.constant(0), parts], parallel_iterations=1)
         return parts.concat()
 
-    return read_held_rows
+    return traced.once(read_held_rows)

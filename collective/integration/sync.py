@@ -118,8 +118,9 @@ def pad_with_empty_batches(dataset: tf.data.Dataset) -> tf.data.Dataset:
             return (features, labels) if has_labels else features
         return fn
 
-    padding = tf.data.Dataset.from_tensors(empty).repeat()
-    return dataset.map(tag(True)).concatenate(padding.map(tag(False)))
+    # The padding is tagged here, not by a second map: each map is a function traced in every input graph.
+    padding = tag(False)(*empty) if type(empty) is tuple else tag(False)(empty)  # as map passes an element
+    return dataset.map(tag(True)).concatenate(tf.data.Dataset.from_tensors(padding).repeat())
 
 
 def has_sync_keys(features) -> bool:

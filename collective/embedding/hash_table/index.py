@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.embedding import key_init
+from collective.embedding import key_init, traced
 from collective.embedding.hash_table import dynamic, growth
 from collective.embedding.hash_table.local_variables import eager_variable, op_name, plain_variable
 from collective.embedding.hash_table.lookup_mode import is_training
@@ -230,7 +230,7 @@ class HashTable:
         with tf.control_dependencies([keys] if self.growth is not None else []):  # after a growth ordered before
             num_slots = self._slot_count()
         special = tf.equal(keys, EMPTY_KEY)
-        rows = _probe_for_keys(self.keys_var.handle, self.rows_var.handle, keys, _as_int64(num_slots))
+        rows = traced.once(_probe_for_keys)(self.keys_var.handle, self.rows_var.handle, keys, _as_int64(num_slots))
         with tf.control_dependencies([rows]):  # read after the inserts this find is ordered after
             special_row = tf.gather(self.rows_var, num_slots)
         return tf.where(special, tf.fill(tf.shape(keys), special_row), rows)
@@ -319,7 +319,8 @@ class HashTable:
         with tf.control_dependencies([new_keys] if self.growth is not None else []):  # after a growth before
             num_slots = self._slot_count()
         num_slots = _as_int64(num_slots)
-        placed = _probe_and_place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows, num_slots)
+        place = traced.once(_probe_and_place)
+        placed = place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows, num_slots)
         with tf.control_dependencies([placed]):
             special_rows = tf.boolean_mask(new_rows, tf.equal(new_keys, EMPTY_KEY))
             return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), num_slots), special_rows)
@@ -394,8 +395,8 @@ def _as_int64(bound: Union[int, tf.Tensor]) -> tf.Tensor:
     return tf.cast(bound, tf.int64) if tf.is_tensor(bound) else tf.constant(bound, tf.int64)
 
 
-# The probe loops are functions that every table's lookups call, traced once per graph: a loop built in place
-# costs each table about a tenth of a second of graph construction (tracing its condition and body).
+# The probe loops are functions that every table's lookups call, traced once per process (traced.once): a loop
+# built in place costs each table about a tenth of a second of graph construction (tracing its condition and body).
 _PROBE_ARGS = [tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64)]
 
 
