@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from collective.byte_model import sent_bytes
 from collective.sharding.plan import KEY_SPACES, PLACEMENTS, PlanError, ShardingPlan, TablePlan, dtype_bytes
 
 APIS = ("scope", "sok")
@@ -104,7 +105,7 @@ class CostModel:
         if n <= 1:
             return 0.0
         if placement == "replicated":
-            return lookups * (ID_BYTES + row) * (n - 1)
+            return sent_bytes("allgather", lookups * (ID_BYTES + row), n)  # linear: all workers' inputs at once
         return lookups * (ID_BYTES + 2 * row) * (n - 1) / n
 
     def load(self, spec: TableSpec, n: int) -> float:
@@ -168,10 +169,16 @@ def _fixed(overrides: Overrides) -> Dict[str, str]:
 def _wanted(spec: TableSpec, default: TablePlan, overrides: Overrides, chosen: Dict[str, str]) -> Optional[str]:
     wanted = overrides(default) if callable(overrides) and not isinstance(overrides, Mapping) else \
         chosen.get(spec.name)
-    if wanted is not None and wanted not in PLACEMENTS:
-        raise PlanError(f"table {spec.name!r}: unknown placement {wanted!r}; the placements are "
-                        f"{', '.join(PLACEMENTS)}")
+    if wanted is not None:
+        check_placement(spec.name, wanted)
     return wanted
+
+
+def check_placement(table: str, placement: str) -> None:
+    """Raises :class:`PlanError` naming ``table`` when ``placement`` is not one of :data:`PLACEMENTS`."""
+    if placement not in PLACEMENTS:
+        raise PlanError(f"table {table!r}: unknown placement {placement!r}; the placements are "
+                        f"{', '.join(PLACEMENTS)}")
 
 
 def exchange_for(placement: str, backend: str) -> str:

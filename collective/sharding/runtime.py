@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional
 
 from collective import context
 from collective.sharding import planner
-from collective.sharding.plan import PLACEMENTS, PlanError, ShardingPlan, TablePlan
+from collective.sharding.plan import PlanError, ShardingPlan, TablePlan
 
 ENV = "COLLECTIVE_SHARDING"
 logger = logging.getLogger("collective.sharding")
@@ -62,9 +62,7 @@ def check_overrides(overrides: planner.Overrides) -> planner.Overrides:
         raise TypeError(f"sharding={overrides!r}: give a dict of table name -> placement, a callable from a "
                         "TablePlan to a placement (or None), or a ShardingPlan")
     for name, placement in overrides.items():
-        if placement not in PLACEMENTS:
-            raise PlanError(f"table {name!r}: unknown placement {placement!r}; the placements are "
-                            f"{', '.join(PLACEMENTS)}")
+        planner.check_placement(name, placement)
     return dict(overrides)
 
 
