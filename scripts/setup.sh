@@ -36,6 +36,19 @@ gpu_present() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
 }
 
+# sshd: the simulated hosts of scripts/local_hosts.sh (and tests/test_hosts.py) run one per network namespace.
+# Checked on every run, even when the venv is up to date; this is the only place it is installed.
+ensure_sshd() {
+  [ -x /usr/sbin/sshd ] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "sshd (/usr/sbin/sshd) is missing and apt-get is not available; install an OpenSSH server (the multi-host tests run one per simulated host)."
+  [ "$(id -u)" = 0 ] || die "sshd (/usr/sbin/sshd) is missing; install it as root with 'apt-get update && apt-get install -y openssh-server' (the multi-host tests run one per simulated host)."
+  say "installing openssh-server (sshd for the simulated hosts of scripts/local_hosts.sh)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || die "apt-get update failed (see above)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null || die "apt-get install openssh-server failed (see above)"
+  [ -x /usr/sbin/sshd ] || die "openssh-server installed but /usr/sbin/sshd is missing"
+}
+ensure_sshd
+
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(fingerprint)" ]; then
   say "up to date ($venv)"
   exit 0

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from collective.runtime import launcher as launch
+from collective.runtime import multihost
 from launcher import run_workers
 
 
@@ -144,11 +145,29 @@ def test_visible_gpus_follow_cuda_visible_devices():
 
 def test_hosts_are_handed_to_horovodrun():
     assert launch.total_slots("a:2,b:4") == 6
-    cmd = launch.horovodrun_command([sys.executable, "train.py"], 6, "a:2,b:4")
+    cmd = launch.horovodrun_command([sys.executable, "train.py"], 6, "a:2,b:4", nic="eth1", ssh_port=2222)
     assert cmd[-2:] == [sys.executable, "train.py"]
-    assert cmd[1:6] == ["--gloo", "-np", "6", "-H", "a:2,b:4"]
+    assert cmd[1:3] == ["-m", "collective.runtime.multihost"]
+    assert cmd[3:8] == ["--gloo", "-np", "6", "-H", "a:2,b:4"]
+    assert cmd[8:10] == ["--network-interfaces", "eth1"] and cmd[cmd.index("--ssh-port") + 1] == "2222"
     with pytest.raises(launch.LaunchError, match="HOST:SLOTS"):
         launch.total_slots("a")
+    with pytest.raises(launch.LaunchError, match="names a host twice"):
+        launch.total_slots("a:1,a:2")
+    assert multihost.ranks_by_host("a:2,b:1,c:4", 5) == {"a": [0, 1], "b": [2], "c": [3, 4]}
+
+
+def test_hosts_network_interface_is_the_one_on_the_hosts_network(monkeypatch):
+    """The launcher picks the local interface whose network holds every remote host (the narrowest one)."""
+    addresses = {"h0": "10.1.2.10", "h1": "10.1.2.11", "far": "192.168.9.9", "me": "10.1.2.1"}
+    monkeypatch.setattr(multihost, "_resolve", addresses.__getitem__)
+    nics = {"lo": [("127.0.0.1", "255.0.0.0")], "eth0": [("10.0.0.5", "255.0.0.0")],
+            "br0": [("10.1.2.1", "255.255.255.0")]}
+    assert multihost.interface_for(["h0", "h1", "me"], nics) == ("br0", "10.1.2.1")
+    with pytest.raises(multihost.HostsError, match="--network-interface"):
+        multihost.interface_for(["h0", "far"], nics)
+    with pytest.raises(multihost.HostsError, match="without --hosts"):
+        multihost.interface_for(["me"], nics)
 
 
 def _non_loopback_addresses():

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Union
 
-from collective.runtime import devices
+from collective.runtime import devices, multihost
 from collective.runtime.devices import too_many_workers, visible_gpus
 from collective.runtime.preload import ForkedWorker, PreloadError, fork_worker, parse_modules, preload, reap_in_order
 from collective.runtime.stall import DEFAULT_FIRST_STEP_TIMEOUT, FIRST_STEP_TIMEOUT_ENV
@@ -339,26 +339,44 @@ def _preload_with_shared_env(modules: Sequence[str], envs: List[Dict[str, str]],
         raise LaunchError(str(err)) from None
 
 
-def horovodrun_command(command: List[str], size: int, hosts: str) -> List[str]:
-    """The ``horovodrun`` command line for a multi-host job."""
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    if not os.path.exists(horovodrun):
-        horovodrun = "horovodrun"
-    return [horovodrun, "--gloo", "-np", str(size), "-H", hosts, *command]
+def horovodrun_command(command: List[str], size: int, hosts: str, nic: Optional[str] = None,
+                       ssh_port: Optional[int] = None, ssh_identity_file: Optional[str] = None) -> List[str]:
+    """The command line of a multi-host job: horovodrun's options, run by :mod:`collective.runtime.multihost`.
+
+    ``nic`` is the interface the hosts reach this machine on (default: the local one on their network).
+    """
+    try:
+        if nic is None:
+            nic, _ = multihost.interface_for([name for name, _ in multihost.parse_hosts(hosts)])
+        return multihost.command(command, size, hosts, nic, ssh_port, ssh_identity_file)
+    except multihost.HostsError as err:
+        raise LaunchError(str(err)) from None
 
 
 def total_slots(hosts: str) -> int:
     """Sum of the slots in a ``HOST:SLOTS,...`` list."""
-    total = 0
-    for item in hosts.split(","):
-        name, _, slots = item.strip().partition(":")
-        if not name or not slots.isdigit() or int(slots) < 1:
-            raise LaunchError(f"--hosts entry {item!r} is not HOST:SLOTS (e.g. node1:4,node2:4)")
-        total += int(slots)
-    return total
+    try:
+        return sum(slots for _, slots in multihost.parse_hosts(hosts))
+    except multihost.HostsError as err:
+        raise LaunchError(str(err)) from None
 
 
-_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "--stall-timeout", "--preload", "-m")
+def hosts_env(base: Dict[str, str], stall_timeout: float) -> Dict[str, str]:
+    """The environment horovodrun forwards to every worker of a ``--hosts`` job.
+
+    With a stall timeout Gloo's own limit is set to it (unless given): a host that vanishes without closing
+    its connections (a failed link) then ends the job within the stall timeout.
+    """
+    env = dict(base)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if stall_timeout > 0:
+        env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(stall_timeout))))
+    return env
+
+
+_VALUED_OPTIONS = ("-n", "-np", "--num-workers", "--hosts", "-H", "--stall-timeout", "--preload", "-m",
+                   "--network-interface", "--ssh-port", "--ssh-identity-file")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -381,6 +399,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "COLLECTIVE_STALL_TIMEOUT, else 300; 0: off); checkpoint saves, evaluation and "
                              "export never count as a stall, and until a worker finishes its first step "
                              "COLLECTIVE_FIRST_STEP_TIMEOUT (default 1800; 0: none) is the limit")
+    parser.add_argument("--network-interface", default=None, metavar="NAME",
+                        help="--hosts jobs: the interface the hosts reach this machine on (default: the local one "
+                             "on the hosts' network); the rendezvous listens on its address only")
+    parser.add_argument("--ssh-port", type=int, default=None, help="--hosts jobs: the hosts' ssh port")
+    parser.add_argument("--ssh-identity-file", default=None, metavar="PATH",
+                        help="--hosts jobs: the ssh key to log in to the hosts with")
     parser.add_argument("-m", dest="module", default=None, help="run a module as a script, like python -m")
     parser.add_argument("--preload", default="", metavar="MODULE[,MODULE...]",
                         help="import these modules once in the launcher and fork the workers from it instead of "
@@ -406,6 +430,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _stall_timeout(args: argparse.Namespace) -> float:
+    try:
+        stall_timeout = timeout_from_env() if args.stall_timeout is None else args.stall_timeout
+    except ValueError as err:
+        raise LaunchError(str(err)) from None
+    if stall_timeout < 0:
+        raise LaunchError(f"--stall-timeout {stall_timeout:g} must be >= 0 (0 turns stall detection off)")
+    return stall_timeout
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[launch] %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -416,19 +450,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise LaunchError("--preload forks workers on this host; a --hosts job is started by horovodrun, "
                                   "so leave --preload out")
             size = args.num_workers if args.num_workers is not None else total_slots(args.hosts)
-            full = horovodrun_command(command, size, args.hosts)
+            full = horovodrun_command(command, size, args.hosts, args.network_interface, args.ssh_port,
+                                      args.ssh_identity_file)
+            stall_timeout = _stall_timeout(args)
             logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
-            return subprocess.call(full, env=dict(os.environ))
+            return subprocess.call(full, env=hosts_env(dict(os.environ), stall_timeout))
         stop_grace_seconds()  # a bad value fails now, not at preemption
         gpus = visible_gpus()
         size = worker_count(args.num_workers, gpus, devices.gpu_source())
+        stall_timeout = _stall_timeout(args)
         try:
-            stall_timeout = timeout_from_env() if args.stall_timeout is None else args.stall_timeout
             first_step_timeout = timeout_from_env(name=FIRST_STEP_TIMEOUT_ENV)
         except ValueError as err:
             raise LaunchError(str(err)) from None
-        if stall_timeout < 0:
-            raise LaunchError(f"--stall-timeout {stall_timeout:g} must be >= 0 (0 turns stall detection off)")
         return run_local(command, size, gpus, stall_timeout, first_step_timeout, parse_modules(args.preload))
     except LaunchError as err:
         logger.error("%s", err)
