@@ -146,7 +146,7 @@ def test_visible_gpus_follow_cuda_visible_devices():
 def test_hosts_are_handed_to_horovodrun():
     assert launch.total_slots("a:2,b:4") == 6
     cmd = launch.horovodrun_command([sys.executable, "train.py"], 6, "a:2,b:4", nic="eth1", ssh_port=2222)
-    assert cmd[-2:] == [sys.executable, "train.py"]
+    assert cmd[-5:] == [sys.executable, "-m", "collective.runtime.hostworker", sys.executable, "train.py"]
     assert cmd[1:3] == ["-m", "collective.runtime.multihost"]
     assert cmd[3:8] == ["--gloo", "-np", "6", "-H", "a:2,b:4"]
     assert cmd[8:10] == ["--network-interfaces", "eth1"] and cmd[cmd.index("--ssh-port") + 1] == "2222"

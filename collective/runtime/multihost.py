@@ -8,7 +8,9 @@ The launcher runs ``python -m collective.runtime.multihost HOROVODRUN_ARGS...``:
 - its rendezvous server listens on that interface's address only (Horovod's binds every interface, and its
   store takes unauthenticated reads and writes);
 - a worker that fails is logged with its host and the ranks that host ran, an ssh that drops (exit 255) as
-  the host being lost; the job's exit code is the first failed worker's.
+  the host being lost; the job's exit code is the first failed worker's;
+- each worker runs under :mod:`collective.runtime.hostworker`, which ends it when its ssh session ends (when
+  horovodrun stops the job, the workers on the other hosts do not outlive it).
 
 Nothing here imports TensorFlow.
 """
@@ -123,7 +125,8 @@ def command(worker: Sequence[str], size: int, hosts: str, nic: str, ssh_port: Op
         if not os.path.isfile(ssh_identity_file):
             raise HostsError(f"--ssh-identity-file {ssh_identity_file!r} does not exist")
         full += ["--ssh-identity-file", os.path.abspath(ssh_identity_file)]
-    return full + list(worker)
+    # Each worker runs under collective.runtime.hostworker, which ends it when its ssh session ends.
+    return full + [sys.executable, "-m", "collective.runtime.hostworker", *worker]
 
 
 def _bind_rendezvous_to(address: str) -> None:

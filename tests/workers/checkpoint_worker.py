@@ -16,12 +16,14 @@ import tensorflow as tf
 
 import checkpoint_cases
 import embedding_cases as cases
+import host_probe
 from collective import CollectiveStrategy
 from collective.checkpoint import Saver
 
 # The on-disk layout does not depend on the backend: sok's and replicated's dense tables restore two pairs.
 TWO_PAIRS = {(2, 3), (3, 2)}
 base, mode, sources = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3:]]
+host_probe.record()  # tests/test_hosts.py: where each worker runs
 
 
 def dense_model(strategy):

@@ -1,0 +1,227 @@
+"""Multi-host jobs on simulated hosts: ``python -m collective.launch --hosts ...`` through horovodrun over ssh.
+
+``scripts/local_hosts.sh up 3`` makes hosts host0..host2 (network namespaces on one bridge, an sshd each,
+docs/hosts.md); the module's finaliser takes them down whatever happens. A host that cannot be made fails
+the tests with the reason: they are never skipped.
+
+- One launch on host0:2,host1:1 (3 workers, 2 hosts) trains checkpoint_cases' model on hb, sok and
+  replicated and checkpoints it: each checkpoint equals plain single-process TensorFlow's. The same launch
+  records where each worker ran (host name and address, global/local/cross rank, the GPU picked from a
+  list of two per host) and, while it runs, every socket the launcher's processes listen on.
+- That 2-host checkpoint restores on 1 host (host0:2) and on 3 hosts (host0:1,host1:1,host2:1), and
+  training continues as uninterrupted.
+- A host lost mid-step (every process of host1's namespace killed, its sshd included) ends the job within
+  the stall timeout; the log names the host and its ranks; the last checkpoint holds the uninterrupted
+  run's step.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import psutil
+import pytest
+
+from launcher import WORKERS
+from test_restart import Output
+from workers import checkpoint_cases as cc
+from workers import restart_cases as rc
+
+pytestmark = pytest.mark.timeout(1800)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HOSTS_SCRIPT = ROOT / "scripts" / "local_hosts.sh"
+BRIDGE_ADDRESS = "10.213.47.1"  # this machine on the simulated hosts' bridge (scripts/local_hosts.sh)
+HOST_ADDRESSES = {"host0": "10.213.47.10", "host1": "10.213.47.11", "host2": "10.213.47.12"}
+BACKENDS = ("hb", "sok", "replicated")
+LAUNCH_TIMEOUT = 900
+LOST_STALL_TIMEOUT = 90
+HOLD_STEP, LAST_STEP = 2, 4
+
+
+def _hosts_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(HOSTS_SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def hosts(request):
+    """host0..host2, taken down at the end of the module even when a test fails."""
+    request.addfinalizer(lambda: _hosts_script("down"))
+    made = _hosts_script("up", "3")
+    if made.returncode != 0:
+        pytest.fail(f"the simulated hosts cannot be made: scripts/local_hosts.sh up 3 exited {made.returncode}\n"
+                    f"{made.stdout}\n{made.stderr}", pytrace=False)
+    return sorted(HOST_ADDRESSES)
+
+
+def _launch_command(hosts: str, script: str, args: Sequence, stall_timeout: Optional[float] = None) -> List[str]:
+    options = ["--stall-timeout", str(stall_timeout)] if stall_timeout is not None else []
+    return [sys.executable, "-m", "collective.launch", "--hosts", hosts, *options, str(WORKERS / script),
+            *map(str, args)]
+
+
+def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.update(extra or {})
+    return env
+
+
+def _listening(pid: int) -> Set[Tuple[str, str, int]]:
+    """(process name, address, port) of every TCP socket that ``pid`` and its descendants listen on."""
+    found = set()
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for proc in procs:
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.add((" ".join(proc.cmdline()[1:4]), conn.laddr.ip, conn.laddr.port))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def launch(hosts: str, script: str, args: Sequence, env: Optional[Dict[str, str]] = None,
+           sockets: Optional[Set] = None) -> str:
+    """Runs ``tests/workers/<script>`` on ``hosts`` through the launcher; returns its output, fails with it.
+
+    With ``sockets`` the listening sockets of the launcher's processes are added to it while the job runs.
+    """
+    proc = subprocess.Popen(_launch_command(hosts, script, args), env=_env(env), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = Output(proc.stdout)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if sockets is not None:
+                sockets |= _listening(proc.pid)
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        output.join()
+    assert code == 0, f"--hosts {hosts} {script} exited {code}:\n{output.text()[-12000:]}"
+    return output.text()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {2: cc.reference(2), 3: cc.reference(3)}
+
+
+@pytest.fixture(scope="module")
+def written(hosts, tmp_path_factory):
+    """Checkpoints written on 2 hosts (3 workers), where each worker ran, and what the launcher listened on."""
+    base = tmp_path_factory.mktemp("hosts")
+    probes = base / "probes"
+    probes.mkdir()
+    sockets: Set = set()
+    output = launch("host0:2,host1:1", "checkpoint_worker.py", [base, "write"],
+                    env={"HOST_PROBE_DIR": str(probes), "HOST_PROBE_GPUS": "0,1"}, sockets=sockets)
+    where = {r: json.loads((probes / f"rank{r}.json").read_text()) for r in range(3)}
+    return {"base": base, "where": where, "sockets": sockets, "output": output}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_hosts_train_as_one_process(written, reference, backend):
+    cc.assert_checkpoint_equals(str(written["base"] / backend / "n3" / "model.ckpt-2"), reference[2],
+                                f"{backend} on host0:2,host1:1")
+
+
+def test_each_worker_runs_on_its_host_with_its_local_rank_and_gpu(written):
+    """Ranks fill host0's 2 slots, then host1's; each host says it has GPUs 0,1 and pins by local rank."""
+    expected = {0: ("host0", 0, 2, 0, "0"), 1: ("host0", 1, 2, 0, "1"), 2: ("host1", 0, 1, 1, "0")}
+    for rank, (host, local_rank, local_size, cross_rank, gpu) in expected.items():
+        got = written["where"][rank]
+        assert (got["hostname"], got["addresses"]) == (host, [HOST_ADDRESSES[host]]), got
+        assert (got["rank"], got["size"], got["local_rank"], got["local_size"]) == (rank, 3, local_rank, local_size)
+        assert got["cross_rank"] == cross_rank and got["env_local_rank"] == str(local_rank), got
+        assert (got["gpu"], got["visible_device_list"], got["device"]) == (gpu, gpu, "/gpu:0"), got
+
+
+def test_the_rendezvous_listens_on_the_bridge_address_only(written):
+    sockets = written["sockets"]
+    assert any("collective.runtime.multihost" in name for name, _, _ in sockets), sockets
+    assert {address for _, address, _ in sockets} == {BRIDGE_ADDRESS}, sockets
+
+
+@pytest.fixture(scope="module")
+def restored(written):
+    """The 2-host checkpoint restored on 1 host (2 workers) and on 3 hosts (3 workers), one step trained."""
+    base = written["base"]
+    launch("host0:2", "checkpoint_worker.py", [base, "nowrite", 3])
+    launch("host0:1,host1:1,host2:1", "checkpoint_worker.py", [base, "nowrite", 3])
+    return base
+
+
+@pytest.mark.parametrize("backend, n", [(b, 2) for b in BACKENDS] + [("hb", 3)])
+def test_checkpoint_of_two_hosts_restores_on_one_and_on_three(restored, reference, backend, n):
+    cc.assert_checkpoint_equals(str(restored / backend / f"from3to{n}" / "model.ckpt-3"), reference[3],
+                                f"{backend}: written on 2 hosts, restored by {n} workers on {n - 1 or 1} host(s)")
+
+
+def _kill_host(name: str) -> List[int]:
+    """SIGKILLs every process of the simulated host's namespace (its sshd and the workers it started)."""
+    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=True)
+    pids = [int(pid) for pid in listed.stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def test_a_lost_host_ends_the_job_within_the_stall_timeout_naming_it(hosts, tmp_path, reference):
+    """host1 (rank 1) holds after checkpointing step 2 while rank 0 waits inside step 3; then host1 dies."""
+    model_dir, pid_dir = tmp_path / "model", tmp_path / "pids"
+    cmd = _launch_command("host0:1,host1:1", "restart_mts.py", [model_dir, pid_dir, LAST_STEP, f"1:{HOLD_STEP}"],
+                          stall_timeout=LOST_STALL_TIMEOUT)
+    proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = Output(proc.stdout)
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while not any(f"rank 1 holding after step {HOLD_STEP}" in line for line in output.lines):
+            assert proc.poll() is None and time.monotonic() < deadline, output.text()[-8000:]
+            time.sleep(0.5)
+        killed_at = time.monotonic()
+        assert _kill_host("host1")
+        code = proc.wait(timeout=LOST_STALL_TIMEOUT + 60)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        output.join()
+    text = output.text()
+    assert code != 0 and took < LOST_STALL_TIMEOUT, (code, took, text[-8000:])
+    assert "host host1 lost (ranks 1)" in text, text[-8000:]
+    assert rc.checkpoint_step(str(model_dir)) == HOLD_STEP
+    cc.assert_checkpoint_equals(str(model_dir / f"model.ckpt-{HOLD_STEP}"), reference[HOLD_STEP],
+                                "the last checkpoint after host1 was lost")
+    left = _workers_left("host0", "restart_mts.py", grace=15)
+    assert left == [], f"workers of the failed job still running on host0: {left}"
+
+
+def _workers_left(host: str, script: str, grace: float) -> List[int]:
+    """The processes of ``host`` running ``script`` ``grace`` seconds from now (none: returns at once)."""
+    deadline = time.monotonic() + grace
+    while True:
+        left = []
+        for pid in subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split():
+            try:
+                if script in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    left.append(int(pid))
+            except FileNotFoundError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
