@@ -9,8 +9,10 @@ there are GPUs, and TensorFlow's thread pools split between them. Every
 output line is prefixed with its worker's rank. When a worker fails the others
 are stopped and the launcher exits with that worker's code; Ctrl-C stops
 everything. With ``--hosts`` the job is handed to ``horovodrun`` with the same
-environment; there each worker sees every GPU of its host and the library pins
-it to the one of its local rank (:mod:`collective.runtime.devices`).
+environment, through :mod:`collective.runtime.multihost` (the interface on the
+hosts' network, the rendezvous bound to it, failures named with their host);
+there each worker sees every GPU of its host and the library pins it to the one
+of its local rank (:mod:`collective.runtime.devices`). docs/hosts.md.
 """
 
 from __future__ import annotations
