@@ -14,6 +14,7 @@ the tests with the reason: they are never skipped.
   incremental checkpoint) ends the job within the stall timeout and leaves no worker running on the other
   host; the log names the host and its ranks; the chain, begun on 2 hosts, continues on 2 others with 3
   workers from its last complete delta and ends as one uninterrupted process's run.
+- In-process, without hosts: collective.runtime.hostworker stops its worker when its ssh session ends.
 """
 
 import json
@@ -244,3 +245,22 @@ def _workers_left(host: str, script: str, grace: float) -> List[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
+
+
+def test_hostworker_ends_its_worker_when_its_ssh_session_ends(tmp_path):
+    """In-process, no hosts: a shell stands for the sshd session and exits; the worker under the wrapper stops."""
+    worker, pid_file = tmp_path / "worker.py", tmp_path / "worker.pid"
+    worker.write_text("import os, sys, time\n"
+                      "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    session = subprocess.Popen(["sh", "-c", f"'{sys.executable}' -m collective.runtime.hostworker "
+                                f"'{sys.executable}' '{worker}' '{pid_file}' & sleep 3"], cwd=ROOT)
+    assert session.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"worker {pid} still runs after its session ended"
+        time.sleep(0.2)

@@ -155,6 +155,13 @@ def test_hosts_are_handed_to_horovodrun():
     with pytest.raises(launch.LaunchError, match="names a host twice"):
         launch.total_slots("a:1,a:2")
     assert multihost.ranks_by_host("a:2,b:1,c:4", 5) == {"a": [0, 1], "b": [2], "c": [3, 4]}
+    with pytest.raises(launch.LaunchError, match="--ssh-identity-file 'no-such-key' does not exist"):
+        launch.horovodrun_command([sys.executable, "train.py"], 2, "a:1,b:1", nic="eth1",
+                                  ssh_identity_file="no-such-key")
+    # A host that vanishes without closing its connections ends the job at Gloo's timeout: the stall timeout.
+    assert launch.hosts_env({}, 90.0)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "90"
+    assert launch.hosts_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": "7"}, 90.0)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "7"
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in launch.hosts_env({}, 0.0)
 
 
 def test_hosts_network_interface_is_the_one_on_the_hosts_network(monkeypatch):
