@@ -319,6 +319,26 @@ def test_training_equals_single_process(hash_run, reference_training, optimizer)
             np.testing.assert_allclose(vector, reference_vectors[key], rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
 
 
+def test_table_wise_training_equals_single_process(hash_run, reference_training):
+    """``sharding={"t1": "table_wise", "t2": "table_wise"}`` with Adam (two slots): each table whole, index and
+    slots, on its holder (t1 on rank 0, t2 on rank 1), the other ranks holding no key; training equals one
+    process."""
+    _, n, res = hash_run
+    losses, tables, (w, b) = reference_training[cases.OPTIMIZERS[-1]]
+    np.testing.assert_allclose(np.mean([res[r]["tw_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    holders = [0, 1 % n]
+    for r in range(n):
+        assert res[r]["tw_holders"].tolist() == holders
+        np.testing.assert_allclose(res[r]["tw_w"], w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[r]["tw_b"], b, rtol=1e-5, atol=1e-6)
+    for (table, reference_vectors), holder in zip(tables.items(), holders):
+        for r in range(n):
+            keys = res[r][f"tw_{table}_keys"].tolist()
+            assert sorted(keys) == (sorted(reference_vectors) if r == holder else []), (table, r)
+            for key, vector in zip(keys, res[r][f"tw_{table}_vectors"]):
+                np.testing.assert_allclose(vector, reference_vectors[key], rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
+
+
 def test_full_table_error_names_table(hash_run):
     _, n, res = hash_run
     for r in range(n):
