@@ -190,6 +190,25 @@ def test_probe_loops_are_built_once_whatever_the_number_of_tables():
         np.testing.assert_array_equal(r, want)
         np.testing.assert_array_equal(f, want[::-1])
 
+def test_table_wise_is_refused_where_it_is_not_built_naming_the_table():
+    """A policy or growth on a table-wise hash table, and SOK's own hash tables, are refused before any variable
+    is made, naming the table."""
+    from collective import CollectiveStrategy, sok  # pylint: disable=import-outside-toplevel
+    from collective.sharding import PlanError  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb", sharding={"t": "table_wise", "g": "table_wise", "d": "table_wise"})
+    with strategy.scope(), tf.Graph().as_default():
+        with pytest.raises(PlanError, match="hash table 't': placement 'table_wise' is not built for a table with a "
+                                            "vocabulary policy"):
+            hash_table.hash_embedding_variable("t", 4, 10, min_count=2)
+        with pytest.raises(PlanError, match="hash table 'g': placement 'table_wise' is not built for a table with "
+                                            "growth"):
+            hash_table.hash_embedding_variable("g", 4, 16, initial_capacity_per_worker=4)
+        with pytest.raises(PlanError, match="table 'd': placement 'table_wise' is not built for a SOK table yet"):
+            sok.DynamicVariable(4, name="d")
+        assert not tf.compat.v1.global_variables()
+
+
 # ---------------------------------------------------------------- first vectors
 
 def _first_vectors(initializer, keys, dim=4, capacity=100, name="t"):

@@ -10,7 +10,6 @@ optimizer slots are sharded the same way).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable, Optional
 
 import tensorflow as tf
@@ -124,7 +123,7 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
     collections = list(collections or [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
     info = shards.place(_spec(table_name, capacity_per_worker, dim, dtype, api))
     _check_table_wise(info, policy, initial)
-    capacity = held_capacity(info, capacity_per_worker)
+    capacity = shards.hash_capacity(info, capacity_per_worker)
     plan = Growth(table_name, int(capacity_per_worker), initial, load_factor) if initial is not None else None
     with creating_shard(info):
         if plan is None or len(plan.slots) == 1:
@@ -149,17 +148,9 @@ def _spec(table: str, capacity_per_worker: int, dim: int, dtype, api: str) -> Ta
                      key_space="hash", api=api)
 
 
-def held_capacity(info: ShardInfo, capacity_per_worker: int) -> int:
-    """Keys this worker's index has room for: ``capacity_per_worker`` row-wise; table-wise, every worker's
-    capacity on the holder and none elsewhere."""
-    if info.holder is None:
-        return int(capacity_per_worker)
-    return info.layout.rows_held(info.vocab)
-
-
 def _check_table_wise(info: ShardInfo, policy: Optional[VocabularyPolicy], initial: Optional[int]) -> None:
     """Refuses, before any variable is made, what a table-wise hash table does not have yet."""
-    if info.holder is None or info.world_size == 1:
+    if info.holder is None:
         return
     if policy is not None or initial is not None:
         what = "a vocabulary policy (admission, eviction)" if policy is not None else \
@@ -190,11 +181,11 @@ def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int
                             tf.compat.v1.zeros_initializer(), trainable=trainable)
     table_name = values.name.split(":")[0]  # the name scope's, known once made
     info = shards.place(_spec(table_name, capacity_per_worker, dim, dtype, api))
-    capacity = held_capacity(info, capacity_per_worker)
+    capacity = shards.hash_capacity(info, capacity_per_worker)
     if capacity != int(capacity_per_worker):  # table-wise: made again at the holder's rows (0 elsewhere)
         values = eager_variable(name, [capacity, int(dim)], tf.as_dtype(dtype), tf.compat.v1.zeros_initializer(),
                                 trainable=trainable)
     table = HashTable(table_name, dim, capacity, initializer, dtype, load_factor, index_scope=name + "/hash_index",
                       initializer_rows=int(capacity_per_worker))
     table.values = values
-    return tag(values, dataclasses.replace(info, hash_index=table))
+    return tag(values, shards.renamed(info, table_name, hash_index=table))
