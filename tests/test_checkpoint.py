@@ -15,6 +15,7 @@ import tensorflow as tf
 from collective import CollectiveStrategy
 from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
 from collective.checkpoint.layout import block_bounds, restore_rows
+from collective.checkpoint.manifest import read_plan
 from collective.embedding.layout import ShardLayout
 from collective.sharding.layouts.table_wise import TableWiseLayout
 
@@ -189,6 +190,18 @@ def test_hash_table_checkpoint_holds_each_key_once_with_its_rows(matrix, n):
 def test_hash_table_n_to_m_restore_continues_as_uninterrupted(matrix, n, m):
     cc.assert_hash_checkpoints_equal(str(matrix / "sok-hash" / f"from{n}to{m}" / "model.ckpt-3"),
                                      str(matrix / "sok-hash" / "uninterrupted" / "model.ckpt-3"))
+
+
+def test_hash_table_chain_across_placements_and_worker_counts_continues_as_uninterrupted(matrix):
+    """Row-wise on 2 workers -> table-wise on 3 (the holder alone writes the table and its Adagrad slot) ->
+    row-wise on 1, each stage restoring the previous checkpoint and training one step: every checkpoint equals
+    the uninterrupted run's, in the same logical format."""
+    hashes = matrix / "sok-hash"
+    table_wise = str(hashes / "table-wise-2to3" / "model.ckpt-3")
+    cc.assert_hash_checkpoints_equal(table_wise, str(hashes / "uninterrupted" / "model.ckpt-3"))
+    assert read_plan(table_wise)["item"].placement == "table_wise"
+    cc.assert_hash_checkpoints_equal(str(hashes / "chain-to1" / "model.ckpt-4"),
+                                     str(hashes / "uninterrupted" / "model.ckpt-4"))
 
 
 def test_checkpoint_of_another_model_names_the_variable_and_both_shapes(tmp_path):

@@ -190,6 +190,25 @@ def test_probe_loops_are_built_once_whatever_the_number_of_tables():
         np.testing.assert_array_equal(r, want)
         np.testing.assert_array_equal(f, want[::-1])
 
+def test_table_wise_is_refused_where_it_is_not_built_naming_the_table():
+    """A policy or growth on a table-wise hash table, and SOK's own hash tables, are refused before any variable
+    is made, naming the table."""
+    from collective import CollectiveStrategy, sok  # pylint: disable=import-outside-toplevel
+    from collective.sharding import PlanError  # pylint: disable=import-outside-toplevel
+
+    strategy = CollectiveStrategy("hb", sharding={"t": "table_wise", "g": "table_wise", "d": "table_wise"})
+    with strategy.scope(), tf.Graph().as_default():
+        with pytest.raises(PlanError, match="hash table 't': placement 'table_wise' is not built for a table with a "
+                                            "vocabulary policy"):
+            hash_table.hash_embedding_variable("t", 4, 10, min_count=2)
+        with pytest.raises(PlanError, match="hash table 'g': placement 'table_wise' is not built for a table with "
+                                            "growth"):
+            hash_table.hash_embedding_variable("g", 4, 16, initial_capacity_per_worker=4)
+        with pytest.raises(PlanError, match="table 'd': placement 'table_wise' is not built for a SOK table yet"):
+            sok.DynamicVariable(4, name="d")
+        assert not tf.compat.v1.global_variables()
+
+
 # ---------------------------------------------------------------- first vectors
 
 def _first_vectors(initializer, keys, dim=4, capacity=100, name="t"):
@@ -300,6 +319,8 @@ def test_inference_lookups_do_not_insert(hash_run):
 
 @pytest.mark.parametrize("optimizer", cases.OPTIMIZERS)
 def test_training_equals_single_process(hash_run, reference_training, optimizer):
+    """Row-wise (key k on rank k % N), or table-wise in the launch's run of ``cases.TABLE_WISE``: training equals
+    one process and every key is held once, on its owner."""
     _, n, res = hash_run
     losses, tables, (w, b) = reference_training[optimizer]
     np.testing.assert_allclose(np.mean([res[r][f"{optimizer}_losses"] for r in range(n)], axis=0), losses,
@@ -307,16 +328,35 @@ def test_training_equals_single_process(hash_run, reference_training, optimizer)
     for r in range(n):
         np.testing.assert_allclose(res[r][f"{optimizer}_w"], w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(res[r][f"{optimizer}_b"], b, rtol=1e-5, atol=1e-6)
-    for table, reference_vectors in tables.items():
+    holders = res[0].get(f"{optimizer}_holders")
+    for t, (table, reference_vectors) in enumerate(tables.items()):
         held = {}
         for r in range(n):
             keys, vectors = res[r][f"{optimizer}_{table}_keys"], res[r][f"{optimizer}_{table}_vectors"]
             for key, vector in zip(keys.tolist(), vectors):
-                assert key % n == r and key not in held
+                owner = key % n if holders is None else holders[t]
+                assert owner == r and key not in held, (table, key, r)
                 held[key] = vector
         assert sorted(held) == sorted(reference_vectors)
         for key, vector in held.items():
             np.testing.assert_allclose(vector, reference_vectors[key], rtol=1e-5, atol=1e-6, err_msg=f"key {key}")
+
+
+def test_table_wise_training_equals_single_process(hash_run, reference_training):
+    """``sharding={"t1": "table_wise", "t2": "table_wise"}`` in one optimizer's run of each launch (Adagrad or
+    Adam: slots; each backend and N meets both): each table whole, index and slots, on its holder (t1 on rank
+    0, t2 on rank 1), the other ranks holding no key, and training equals one process
+    (:func:`test_training_equals_single_process` compares the values)."""
+    backend, n, res = hash_run
+    optimizer = cases.TABLE_WISE[(backend, n)]
+    _, tables, _ = reference_training[optimizer]
+    holders = [0, 1 % n]
+    for r in range(n):
+        assert res[r][f"{optimizer}_holders"].tolist() == holders
+        for table, holder in zip(tables, holders):
+            want = sorted(tables[table]) if r == holder else []
+            assert sorted(res[r][f"{optimizer}_{table}_keys"].tolist()) == want, (table, r)
+    test_training_equals_single_process(hash_run, reference_training, optimizer)
 
 
 def test_full_table_error_names_table(hash_run):

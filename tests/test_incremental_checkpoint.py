@@ -1,8 +1,9 @@
 """Incremental checkpoints: deltas of the rows trained, chains restored on any worker count, torn deltas refused.
 
 Chains (a full save at step 2, deltas at steps 3, 5 and 6) are written on 1
-(this process), 2 (hb) and 3 (sok) workers; every chain end is restored on
-1, 2 and 3 workers and saved again as a full checkpoint, which must equal
+(this process), 2 (hb) and 3 (sok, both tables placed table_wise: the
+dense table on rank 0, the hash table on rank 1) workers; every chain end is restored row-wise on
+1 and 2 workers and table-wise on 3, and saved again as a full checkpoint, which must equal
 the uninterrupted run's full checkpoint of that step (this process, one
 worker, a full save every step): the table, the dense variables and their
 Adagrad slots, and the hash table key by key. The 2-worker launch ends in
@@ -87,8 +88,8 @@ def run(tmp_path_factory, restore_and_save):
         restore_and_save(str(base / "m2" / f"model.ckpt-{HOLD_STEP}.delta"), base / "refused")
     except ChainError as err:
         killed["refused"] = str(err)
-    three = run_workers("incremental_worker.py", 3, [base, "sok", base / "pids3", "write:c3", "restore:c2,c3",
-                                                     "mts:m2:6"], timeout=400)
+    three = run_workers("incremental_worker.py", 3, [base, "sok", base / "pids3", "write:c3:table_wise",
+                                                     "restore:c2,c3:table_wise", "mts:m2:6"], timeout=400)
     for step in ic.DELTA_STEPS:
         restore_and_save(str(base / "c3" / f"model.ckpt-{step}.delta"), base / "restored" / "to1" / "c3")
     logging.getLogger(__name__).info("workers' times:\n%s", "\n".join(
@@ -106,6 +107,8 @@ def test_each_delta_holds_only_the_rows_trained_since_the_save_before(run, name)
         assert manifest["world_size"] == WRITERS[name] and manifest["step"] == step
         assert manifest["previous"] == (f"model.ckpt-{previous}.delta" if previous != ic.BASE_STEP else None)
         assert manifest["base"]["prefix"] == f"model.ckpt-{ic.BASE_STEP}"
+        placements = {t["name"]: t["placement"] for t in manifest["plan"]["tables"]}
+        assert placements == dict.fromkeys(ic.TABLES, "table_wise" if name == "c3" else "row_wise"), (name, step)
         previous = step
     # The same rows are stored as keys + rows: plain TensorFlow reads a delta.
     reader = tf.compat.v1.train.NewCheckpointReader(str(run["base"] / name / f"model.ckpt-{ic.DELTA_STEPS[1]}.delta"))

@@ -9,6 +9,11 @@ gradients of step 0, then tables, optimizer slots, dense weights and losses
 after three steps. The inputs hold repeated ids, empty rows and negative ids
 (dropped by the safe lookups), and hash keys of any int64 value.
 
+Table-wise is an override on existing cells (``cases.TABLE_WISE_CELLS``: hb and
+sok, N = 2 and 3, under both behaviours): there every table but SOK's own is
+placed ``table_wise`` by ``sharding=`` (the planner spreads them over the
+ranks; hash tables included) and is held to the same plain process.
+
 TF1 behaviour is an axis of the matrix: a second launch per worker count runs
 the model with ``disable_v2_behavior()`` (ref variables, v1 control flow) on
 every backend, each cell with half the entry points (``cases.entries_for``:
@@ -79,6 +84,10 @@ def entries(backend: str, n: int, behaviour: str) -> Tuple[str, ...]:
 def logical(ranks: List[Dict[str, np.ndarray]], key: str, table: str) -> np.ndarray:
     """The logical table (or gradient, or slot) ``key`` (``<optimizer>/...``) assembled from every rank's rows."""
     optimizer = key.split("/")[0]
+    holder = int(ranks[0][f"{optimizer}/holder/{table}"])
+    if holder >= 0:  # table_wise: the whole table on its holder, no rows elsewhere
+        assert all(len(res[key]) == 0 for r, res in enumerate(ranks) if r != holder), f"{key}: rows off its holder"
+        return ranks[holder][key]
     if bool(ranks[0][f"{optimizer}/replicated/{table}"]):
         for res in ranks[1:]:
             np.testing.assert_array_equal(res[key], ranks[0][key], err_msg=f"{key}: replicas differ")
@@ -180,12 +189,30 @@ def test_hash_tables_hold_each_key_once_with_one_process_vectors(backend, n, beh
         keys = np.concatenate([res[f"{optimizer}/hash_keys/{table}"] for res in ranks])
         values = np.concatenate([res[f"{optimizer}/hash_values/{table}"] for res in ranks])
         assert sorted(keys.tolist()) == cases.keys_used(entry).tolist(), entry
+        holder = int(ranks[0][f"{optimizer}/holder/{table}"])
         for r, res in enumerate(ranks):
             held = res[f"{optimizer}/hash_keys/{table}"]
-            assert np.all(np.mod(held, n) == r), f"{entry}: rank {r} holds keys of another rank"
+            owner = np.mod(held, n) if holder < 0 else np.full_like(held, holder)
+            assert np.all(owner == r), f"{entry}: rank {r} holds keys of another rank"
         pairs.append((entry, values, want[f"final/{table}"][np.searchsorted(cases.KEY_POOL, keys)]))
     failures = _mismatches(pairs)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("backend, n, tf1", sorted(cases.TABLE_WISE_CELLS))
+def test_table_wise_cells_hold_each_table_whole_on_one_rank(backend, n, tf1):
+    """The override axis is real: in its cells every table but SOK's own (hash tables included) is held whole
+    by one rank, the tables spread over every rank, while SOK's stay row-wise."""
+    behaviour = "tf1" if tf1 else "tf2"
+    ranks, opt = _launch(n, behaviour)[backend], optimizers(backend, n, behaviour)[0]
+    cell = entries(backend, n, behaviour)
+    holders = {table: int(ranks[0][f"{opt}/holder/{table}"]) for table in _plain(cases.OPTIMIZERS[0]).tables
+               if table.split("#")[0] in cell}
+    sok = {t for t in holders if t.split("#")[0] in cases.SOK_TABLES}
+    assert all(holders[t] == -1 for t in sok) and sorted(set(holders[t] for t in holders if t not in sok)) == \
+        list(range(n)), holders
+    if "ev_column" in cell:  # DeepRec's hash-table column
+        assert holders[cases.table_key("ev_column", 0)] >= 0, holders
 
 
 @pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)

@@ -60,6 +60,8 @@ def test_overrides_by_name_and_by_callable():
     ({"nobody": "row_wise"}, "names table(s) 'nobody' that the model does not make"),
     ({"user": "column_wise"}, "table 'user': placement 'column_wise' is not built for a table yet"),
     ({"sok_table": "replicated"}, "table 'sok_table': placement 'replicated' is not built for a SOK table yet"),
+    ({"sok_keys": "table_wise"}, "table 'sok_keys': placement 'table_wise' is not built for a SOK table yet; a SOK "
+                                 "table can be row_wise"),
     ({"tiny": "row_wise"}, "table 'tiny': placement 'row_wise' needs at least one row per worker"),
     ({"user": "table_wise"}, "table 'user': placement 'table_wise' puts the whole table (160 bytes) on one "
                              "worker, more than the 100 bytes"),
@@ -68,8 +70,21 @@ def test_overrides_by_name_and_by_callable():
 ])
 def test_an_override_that_cannot_hold_is_refused_naming_the_table(overrides, message):
     memory = 100 if "bytes" in message else None
+    specs = SPECS + [TableSpec("sok_keys", 30, 8, key_space="hash", api="sok")]
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        plan(SPECS, World(3, memory_per_worker=memory), overrides)
+        plan(specs, World(3, memory_per_worker=memory), overrides)
+
+
+def test_a_hash_table_goes_whole_to_the_least_loaded_rank():
+    """``table_wise`` on hash tables: the whole capacity (every worker's) on one rank, spread like dense tables."""
+    specs = [TableSpec("user", 100, 8), TableSpec("keys", 30, 8, key_space="hash"),
+             TableSpec("more_keys", 30, 8, key_space="hash")]
+    got = plan(specs, World(3), {"user": "table_wise", "keys": "table_wise", "more_keys": "table_wise"},
+               backend="sok")
+    assert got["keys"] == _table("keys", 30, 8, "table_wise", "sok", (1,), "chosen by the user", "hash")
+    assert got["more_keys"].ranks == (2,) and got["keys"].bytes_per_worker == 30 * 8 * 4
+    with pytest.raises(PlanError, match="table 'keys': placement 'table_wise' puts the whole table \\(960 bytes\\)"):
+        plan(specs[1:2], World(3, memory_per_worker=900), {"keys": "table_wise"})
 
 
 def test_a_partial_plan_waits_for_the_names_it_does_not_know_yet():

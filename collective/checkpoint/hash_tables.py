@@ -28,6 +28,7 @@ from collective.checkpoint import layout, logical
 from collective.checkpoint.model_dir import checkpoint_key
 from collective.embedding.layout import ShardLayout
 from collective.embedding.table import shard_of
+from collective.sharding.layouts.table_wise import TableWiseLayout
 from collective.tf_internals import io_ops
 
 
@@ -211,10 +212,20 @@ def build_restore(family: HashFamily, prefix: tf.Tensor, rank: int, world_size: 
     index, variables = family.index, family.variables
     # Rows not restored keep their initial values: a key inserted later finds its slot rows as at the start.
     family.restore_init = tf.group(index.clear(), *[v.initializer for v in variables])
-    keys, values, family.block_feed = read_keyed(prefix, family.name, variables, ShardLayout(rank, world_size),
+    owner = key_owner(variables[0], rank, world_size)
+    keys, values, family.block_feed = read_keyed(prefix, family.name, variables, owner,
                                                  [checkpoint_key(v) for v in variables])
     family.restore_block = logical.insert_rows(index, variables, keys, values)
-    family.unpoliced = build_unpoliced(index, variables, family.name, prefix, ShardLayout(rank, world_size))
+    family.unpoliced = build_unpoliced(index, variables, family.name, prefix, owner)
+
+
+def key_owner(values: tf.Variable, rank: int, world_size: int):
+    """Which keys of the hash table ``values`` rank ``rank`` of ``world_size`` owns: ``floormod(key, N) == rank``,
+    or every key on the holder of a table-wise table (its plan, not the checkpoint's, decides)."""
+    info = shard_of(values)
+    if info is None or info.holder is None:
+        return ShardLayout(rank, world_size)
+    return TableWiseLayout(rank, world_size, info.holder)
 
 
 def restore(sess, family: HashFamily, prefix: str, prefix_tensor: tf.Tensor, splits: np.ndarray,

@@ -28,7 +28,6 @@ import tensorflow as tf
 from collective.checkpoint import hash_tables, layout, logical, touched
 from collective.checkpoint.model_dir import checkpoint_key
 from collective.embedding import tables as table_registry
-from collective.embedding.layout import ShardLayout
 from collective.embedding.table import ShardInfo, shard_of
 
 TOMBSTONE_PART = "-tombstones"
@@ -134,7 +133,7 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
                   names: Optional[Mapping[int, str]] = None) -> None:
     """Adds the op writing one stored block of ``table`` from a delta over this worker's rows."""
     info = table.info
-    owner = info.layout if info.hash_index is None else ShardLayout(rank, world_size)
+    owner = info.layout if info.hash_index is None else hash_tables.key_owner(table.variables[0], rank, world_size)
     keys, values, table.block_feed = hash_tables.read_keyed(
         prefix, table.name, table.variables, owner, [checkpoint_key(v, names) for v in table.variables])
     if info.hash_index is None:

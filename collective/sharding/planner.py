@@ -34,9 +34,9 @@ from collective.sharding.plan import KEY_SPACES, PLACEMENTS, PlanError, Sharding
 APIS = ("scope", "sok")
 # The exchange that serves sharded tables when the step's backend serves whole tables only.
 SHARDED_FALLBACK = "hb"
-# Placements each kind of table can have today (column_wise and hash-table table_wise are not built yet).
+# Placements each kind of table can have today (column_wise and SOK's own tables but row_wise are not built yet).
 BUILT = {("dense", "scope"): ("replicated", "row_wise", "table_wise"), ("dense", "sok"): ("row_wise",),
-         ("hash", "scope"): ("row_wise",), ("hash", "sok"): ("row_wise",)}
+         ("hash", "scope"): ("row_wise", "table_wise"), ("hash", "sok"): ("row_wise",)}
 ID_BYTES = 8
 USER = "chosen by the user"
 # The exchange of a table planned as an ordinary variable (fewer rows than workers): none, its gradient is averaged.
@@ -217,13 +217,13 @@ def _overridden(spec: TableSpec, wanted: str, world: World, backend: str, load: 
     where = f"table {spec.name!r}: placement {wanted!r} "
     if spec.key_space == "hash" and wanted in ("column_wise", "replicated"):
         raise PlanError(where + "cannot hold a hash table: each worker holds the keys it owns; hash tables are "
-                                "row_wise (or table_wise, once built)")
+                                "row_wise or table_wise")
     if wanted in ("table_wise", "replicated") and world.memory_per_worker is not None \
             and nbytes > world.memory_per_worker:
         raise PlanError(where + f"puts the whole table ({nbytes:,} bytes) on one worker, more than the "
                                 f"{world.memory_per_worker:,} bytes a worker has for tables; use row_wise")
     if wanted not in BUILT[(spec.key_space, spec.api)]:
-        kind = "a hash table" if spec.key_space == "hash" else "a SOK table" if spec.api == "sok" else "a table"
+        kind = "a SOK table" if spec.api == "sok" else "a hash table" if spec.key_space == "hash" else "a table"
         raise PlanError(where + f"is not built for {kind} yet; {kind} can be "
                                 f"{' or '.join(BUILT[(spec.key_space, spec.api)])}")
     if wanted == "row_wise" and spec.rows < n:

@@ -51,6 +51,14 @@ def renamed(info: ShardInfo, name: str, hash_index: Any = None) -> ShardInfo:
     return dataclasses.replace(info, **changes)
 
 
+def hash_capacity(info: ShardInfo, capacity_per_worker: int) -> int:
+    """Keys this worker's index of a hash table has room for: ``capacity_per_worker`` when row-wise; table-wise,
+    every worker's capacity (the planned rows) on the holder and none elsewhere."""
+    if info.holder is None:
+        return int(capacity_per_worker)
+    return info.layout.rows_held(info.vocab)
+
+
 def export_shard(name: str, rows: int, dim: int, hash_index: Any) -> ShardInfo:
     """The one-worker shard of a hash table's export form (an export is one process: no plan)."""
     return ShardInfo(name=name, vocab=rows, dim=dim, rank=0, world_size=1, hash_index=hash_index)

@@ -131,12 +131,12 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
             if tf.executing_eagerly():  # TF2: Keras builds under init_scope, also inside tf.function
                 var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
                                                          self.max_vocabulary_size_per_gpu, self.initializer,
-                                                         dtype=self.dtype, key_dtype=self.key_dtype)
+                                                         dtype=self.dtype, key_dtype=self.key_dtype, api="sok")
             else:
                 with tf.compat.v1.variable_scope(self.name):
                     var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
                                                              self.max_vocabulary_size_per_gpu, self.initializer,
-                                                             dtype=self.dtype, key_dtype=self.key_dtype)
+                                                             dtype=self.dtype, key_dtype=self.key_dtype, api="sok")
             self._trainable_weights.append(var)
             index = hash_table.table_of(var)
             if isinstance(index, hash_table.HashTable):  # not in an export graph, where it is a lookup table

@@ -152,7 +152,8 @@ def DynamicVariable(dimension: int, initializer=None, var_type: Optional[str] = 
             initial = None
         var = hash_table.hash_embedding_variable(name, int(dimension), capacity,
                                                  _dynamic_initializer(initializer, name), dtype=dtype,
-                                                 key_dtype=key_type, initial_capacity_per_worker=initial, **policy)
+                                                 key_dtype=key_type, initial_capacity_per_worker=initial, api="sok",
+                                                 **policy)
     var.m_key_dtype = tf.as_dtype(key_type)
     index = hash_table.table_of(var)
     if isinstance(index, hash_table.HashTable):  # not in an export graph

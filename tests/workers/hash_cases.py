@@ -21,6 +21,10 @@ DIM, BATCH, STEPS, CAPACITY = 4, 12, 3, 64
 MINVAL, MAXVAL = -0.5, 0.5
 SEEDS = {"t1": 7, "t2": 8, "lookup": 9}
 OPTIMIZERS = ("Adagrad", "Adam")
+# The optimizer whose run places both tables table_wise in each launch (backend, N), the other one training
+# them row-wise: each backend and each N meets both optimizers table-wise, at no extra training.
+TABLE_WISE = {("hb", 1): "Adagrad", ("hb", 2): "Adam", ("hb", 3): "Adagrad",
+              ("sok", 1): "Adam", ("sok", 2): "Adagrad", ("sok", 3): "Adam"}
 INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 # Keys every step draws from: negative, extreme and ordinary ones.
 POOL = np.array([0, 1, -1, -7, 5, 12, INT64_MAX, INT64_MIN, INT64_MAX - 1, 123456789012345, -98765432109,

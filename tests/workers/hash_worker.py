@@ -1,4 +1,5 @@
-"""Hash-table lookups, training, feature columns and the capacity error; writes rank<r>.npz.
+"""Hash-table lookups, training (one optimizer's run table-wise, ``cases.TABLE_WISE``), feature columns and the
+capacity error; writes rank<r>.npz.
 
 argv: out_dir backend [optimizer ...]
 """
@@ -87,11 +88,24 @@ def capacity_error():
                 results["capacity_error"] = np.array(err.message)
 
 
+def table_wise(optimizer):
+    """``cases.worker_training`` with both tables placed table_wise (the planner spreads them: t1 on rank 0, t2
+    on rank 1 when there are two ranks): each holder holds every key of its table, the others none."""
+    placed = CollectiveStrategy(backend, sharding={"t1": "table_wise", "t2": "table_wise"})
+    with placed.scope():
+        trained = cases.worker_training(optimizer, placed, r, n)
+    results[f"{optimizer}_holders"] = np.array([placed.plan[t].ranks[0] for t in ("t1", "t2")])
+    return trained
+
+
 with strategy.scope():
     lookups()
     feature_columns()
     for name in optimizers:
-        losses, held, (w, b) = cases.worker_training(name, strategy, r, n)
+        if name == cases.TABLE_WISE.get((backend, n)):
+            losses, held, (w, b) = table_wise(name)
+        else:
+            losses, held, (w, b) = cases.worker_training(name, strategy, r, n)
         results[f"{name}_losses"], results[f"{name}_w"], results[f"{name}_b"] = losses, w, b
         for table, (keys, vectors) in held.items():
             results[f"{name}_{table}_keys"], results[f"{name}_{table}_vectors"] = keys, vectors

@@ -24,6 +24,7 @@ VOCAB, DIM, BATCH = 40, 4, 6
 BASE_STEP, DELTA_STEPS = 2, (3, 5, 6)
 LAST_STEP = DELTA_STEPS[-1]
 KEYS = cc.HASH_KEYS
+TABLES = ("t", "item")  # the names a sharding override gives them
 TABLE_KEYS = ("t", "t/Adagrad")
 DENSE_KEYS = ("w", "w/Adagrad", "b", "b/Adagrad", "global_step")
 

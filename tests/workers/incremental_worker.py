@@ -1,11 +1,11 @@
 """Incremental checkpoints on N workers: write a chain, restore others' chains, and die inside a delta save.
 
 argv: base_dir backend pid_dir action...
-- ``write:<name>``: trains incremental_cases' schedule into ``<base>/<name>``
-  (a full save, then deltas);
-- ``restore:<name>,<name>...``: restores every chain end of those model_dirs
-  under this world size and saves each as a full checkpoint into
-  ``<base>/restored/to<N>/<name>/``;
+- ``write:<name>[:<placement>]``: trains incremental_cases' schedule into ``<base>/<name>``
+  (a full save, then deltas), its tables placed ``<placement>`` when given;
+- ``restore:<name>,<name>...[:<placement>]``: restores every chain end of those model_dirs
+  under this world size (its tables placed ``<placement>`` when given) and saves each as a full
+  checkpoint into ``<base>/restored/to<N>/<name>/``;
 - ``mts:<name>:<last step>``: MonitoredTrainingSession with a delta every
   step into ``<base>/<name>`` (a rerun resumes from the chain);
 - ``hold:<step>``: from now on rank 0 holds inside the save of the delta of
@@ -28,6 +28,11 @@ r, n = strategy.rank(), strategy.world_size()
 rc.write_pid(pid_dir, r)
 
 
+def placed(placement: str):
+    """The strategy, or one placing every table of the model ``placement`` (when given)."""
+    return CollectiveStrategy(backend, sharding={t: placement for t in ic.TABLES}) if placement else strategy
+
+
 def hold_before_manifest(write, hold_step: int):
     def holding(prefix, step, *args, **kwargs):
         if step == hold_step:
@@ -42,9 +47,11 @@ for action in actions:
     began = time.monotonic()
     verb, _, arg = action.partition(":")
     if verb == "write":
-        ic.train_chain(strategy, os.path.join(base, arg))
+        name, _, placement = arg.partition(":")
+        ic.train_chain(placed(placement), os.path.join(base, name))
     elif verb == "restore":
-        ic.restore_chains(strategy, [os.path.join(base, name) for name in arg.split(",")],
+        names, _, placement = arg.partition(":")
+        ic.restore_chains(placed(placement), [os.path.join(base, name) for name in names.split(",")],
                           os.path.join(base, "restored", f"to{n}"))
     elif verb == "mts":
         name, last = arg.split(":")

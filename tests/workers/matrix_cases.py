@@ -43,6 +43,21 @@ HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
 
 
 
+# The cells (backend, N, TF1) whose tables are placed table_wise by ``sharding=`` (:func:`sharding_for`): an
+# override on existing cells, each backend with a sharded exchange and N > 1 under both behaviours.
+TABLE_WISE_CELLS = {("hb", 3, False), ("sok", 2, False), ("hb", 2, True), ("sok", 3, True)}
+# SOK's own tables (its layers' variables) are row-wise only: the override leaves them.
+SOK_TABLES = ("sok_dense", "sok_sparse", "sok_hash_dense", "sok_hash_sparse", "sok_table")
+
+
+def sharding_for(backend: str, n: int, tf1: bool = False):
+    """The cell's ``sharding=`` override: every table but SOK's own ``table_wise`` in :data:`TABLE_WISE_CELLS`
+    (the planner spreads them over the ranks), else None (the default plan)."""
+    if (backend, n, tf1) not in TABLE_WISE_CELLS:
+        return None
+    return lambda table: None if table.name.split("/")[0] in SOK_TABLES else "table_wise"
+
+
 def optimizers_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
     """The optimizers the cell (``backend``, ``n`` workers, behaviour) trains with, in a Latin rotation.
 

@@ -1,6 +1,7 @@
 """The differential matrix under CollectiveStrategy; writes <out>/<backend>/rank<r>.npz.
 
-argv: out_dir backend[,backend...] [tf1]; one launch serves every backend. A
+argv: out_dir backend[,backend...] [tf1]; one launch serves every backend. In
+``cases.TABLE_WISE_CELLS`` the tables are placed table_wise (``cases.sharding_for``). A
 backend ``hb-api`` builds the model through HybridBackend's API instead
 (``hb.embedding_scope()`` and ``hb.train`` optimizers). With ``tf1`` the
 process runs with TF1 behaviour (``disable_v2_behavior()``: ref variables,
@@ -35,7 +36,16 @@ def strategy_for(backend):
 
         return hb.strategy(), hb.embedding_scope, hb.train
     strategy = CollectiveStrategy(backend)
+    sharding = cases.sharding_for(backend, strategy.world_size(), TF1)
+    if sharding is not None:
+        strategy = CollectiveStrategy(backend, sharding=sharding)
     return strategy, strategy.embedding_scope, tf.compat.v1.train
+
+
+def holder(table) -> np.ndarray:
+    """The rank holding the whole of a table-wise ``table``, else -1."""
+    info = shard_of(table)
+    return np.array(-1 if info is None or info.holder is None else info.holder)
 
 
 def train_each_optimizer(strategy, scope, train_module, optimizers, entries):
@@ -85,6 +95,8 @@ def train_each_optimizer(strategy, scope, train_module, optimizers, entries):
                 out.update(sess.run({f"init/{key}": table for key, table in fixed.items()}))
                 for key, table in fixed.items():
                     out[f"replicated/{key}"] = np.array(shard_of(table) is None or shard_of(table).layout.replicated)
+                for key, table in {**fixed, **hashed}.items():
+                    out[f"holder/{key}"] = holder(table)
                 losses = []
                 for step in range(cases.STEPS):
                     feed = cases.feed_dict(model.features, cases.local_batch(step, r, n), plain=False)

@@ -67,22 +67,26 @@ class HashTable:
       dtype: the values' dtype.
       load_factor: fraction of probe slots that may be filled.
       index_scope: variable scope (relative to the current one) of the index variables.
+      initializer_rows: the rows a variance-scaling initializer takes its fan from (default ``capacity``): the
+        per-worker capacity of a table-wise table, so its first vectors are the row-wise table's.
     """
 
     def __init__(self, name: str, dim: int, capacity: int, initializer=None, dtype=tf.float32,
                  load_factor: float = DEFAULT_LOAD_FACTOR, index_scope: Optional[str] = None,
-                 policy=None, initial_capacity: Optional[int] = None):
+                 policy=None, initial_capacity: Optional[int] = None, initializer_rows: Optional[int] = None):
         self.name = name
         self.dim = int(dim)
         self.capacity = int(capacity)
-        self.num_slots = check_table_shape(capacity, load_factor)  # of a growing table: at its capacity
+        # A table-wise table's rank holding none of its keys has capacity 0: a minimal index it never fills.
+        self.num_slots = check_table_shape(max(1, self.capacity), load_factor)  # of a growing table: at its capacity
         self.growth = None
         if initial_capacity is not None and int(initial_capacity) < self.capacity:
             self.growth = growth.Growth(name, self.capacity, int(initial_capacity), load_factor)
             if len(self.growth.slots) == 1:  # the initial rows already take as many slots as the capacity
                 self.growth = None
         self.dtype = tf.as_dtype(dtype)
-        self.initial_values = key_init.KeyInitializer(initializer, name, self.dim, self.capacity, self.dtype)
+        self.initial_values = key_init.KeyInitializer(initializer, name, self.dim, initializer_rows or self.capacity,
+                                                      self.dtype)
         self.values: Optional[tf.Variable] = None
         self._last_insert = None
         self.load_factor = float(load_factor)

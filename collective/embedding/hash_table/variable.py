@@ -21,8 +21,9 @@ from collective.embedding.hash_table.growth import Growth, hidden
 from collective.embedding.hash_table.index import DEFAULT_LOAD_FACTOR, HashTable
 from collective.embedding.hash_table.local_variables import eager_variable, full_name, plain_variable
 from collective.embedding.hash_table.policy import VocabularyPolicy, policy_from
-from collective.embedding.table import shard_of, tag
+from collective.embedding.table import ShardInfo, shard_of, tag
 from collective.sharding import shards
+from collective.sharding.plan import PlanError
 from collective.sharding.planner import TableSpec
 from collective.embedding.tables import creating_shard
 
@@ -48,7 +49,8 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
                             load_factor: float = DEFAULT_LOAD_FACTOR,
                             collections: Optional[Iterable[str]] = None,
                             policy: Optional[VocabularyPolicy] = None,
-                            initial_capacity_per_worker: Optional[int] = None, **policy_keywords) -> tf.Variable:
+                            initial_capacity_per_worker: Optional[int] = None, api: str = "scope",
+                            **policy_keywords) -> tf.Variable:
     """A sharded embedding table with a hash-table vocabulary: keys of any int64 value.
 
     Inside ``CollectiveStrategy.scope()``, ``tf.nn.embedding_lookup`` and
@@ -83,6 +85,12 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
         ``capacity_per_worker`` (:mod:`.growth`; graph mode and
         ``tf.compat.v1.train`` optimizers only). Default: allocated at
         ``capacity_per_worker``.
+      api: the face making it, for the sharding plan: ``"scope"``, or ``"sok"`` for SOK's own tables
+        (``sok.DynamicVariable``, SOK's hash-table layers), which are row-wise only.
+
+    Placed ``table_wise`` by the strategy's ``sharding=`` (docs/sharding.md), the whole table (its index and
+    its slots with it) sits on one rank, with room for the keys of all workers
+    (``capacity_per_worker * N``); the other ranks hold ``[0, dim]`` and every key is routed to that rank.
 
     Returns:
       The values variable ``[capacity_per_worker, dim]`` (``[None, dim]`` when it grows), tagged as a shard
@@ -107,29 +115,48 @@ def hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initi
             raise NotImplementedError(f"hash table '{name}': vocabulary policies (admission, eviction) and growth "
                                       "(initial_capacity_per_worker) work in graph mode (tf.compat.v1 graphs) only")
         return _eager_hash_embedding_variable(name, dim, capacity_per_worker, initializer, dtype, trainable,
-                                              load_factor)
+                                              load_factor, api)
     table_name = full_name(name)
     existing = _find_existing(table_name)
     if existing is not None:
         return existing.values
     collections = list(collections or [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
-    info = shards.place(TableSpec(table_name, int(capacity_per_worker) * comm.world_size(), int(dim),
-                                  tf.as_dtype(dtype).name, key_space="hash"))
+    info = shards.place(_spec(table_name, capacity_per_worker, dim, dtype, api))
+    _check_table_wise(info, policy, initial)
+    capacity = shards.hash_capacity(info, capacity_per_worker)
     plan = Growth(table_name, int(capacity_per_worker), initial, load_factor) if initial is not None else None
     with creating_shard(info):
         if plan is None or len(plan.slots) == 1:
-            values = plain_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
+            values = plain_variable(name, [capacity, int(dim)], tf.as_dtype(dtype),
                                     tf.compat.v1.zeros_initializer(), collections, trainable=trainable)
         else:
             rows, dtype = plan.sizes[0], tf.as_dtype(dtype)
             values = plain_variable(name, [None, int(dim)], dtype,
                                     lambda: tf.zeros([hidden(rows), int(dim)], dtype), collections, trainable=trainable)
-        table = HashTable(values.op.name, dim, capacity_per_worker, initializer, dtype, load_factor,
-                          index_scope=name + "/hash_index", policy=policy, initial_capacity=initial)
+        table = HashTable(values.op.name, dim, capacity, initializer, dtype, load_factor,
+                          index_scope=name + "/hash_index", policy=policy, initial_capacity=initial,
+                          initializer_rows=int(capacity_per_worker))
     table.values = values
     table.grows_with_index(values)
     tf.compat.v1.add_to_collection(HASH_TABLES_COLLECTION, table)
     return tag(values, shards.renamed(info, values.op.name, hash_index=table))
+
+
+def _spec(table: str, capacity_per_worker: int, dim: int, dtype, api: str) -> TableSpec:
+    """The planner's view of a hash table: its capacity over all workers."""
+    return TableSpec(table, int(capacity_per_worker) * comm.world_size(), int(dim), tf.as_dtype(dtype).name,
+                     key_space="hash", api=api)
+
+
+def _check_table_wise(info: ShardInfo, policy: Optional[VocabularyPolicy], initial: Optional[int]) -> None:
+    """Refuses, before any variable is made, what a table-wise hash table does not have yet."""
+    if info.holder is None:
+        return
+    if policy is not None or initial is not None:
+        what = "a vocabulary policy (admission, eviction)" if policy is not None else \
+            "growth (initial_capacity_per_worker)"
+        raise PlanError(f"hash table {info.name!r}: placement 'table_wise' is not built for a table with {what} "
+                        "yet; place it row_wise (the default for hash tables) or drop that option")
 
 
 def _initial_capacity(table: str, capacity: int, initial: Optional[int]) -> Optional[int]:
@@ -143,7 +170,7 @@ def _initial_capacity(table: str, capacity: int, initial: Optional[int]) -> Opti
 
 
 def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int, initializer, dtype,
-                                   trainable: bool, load_factor: float) -> tf.Variable:
+                                   trainable: bool, load_factor: float, api: str) -> tf.Variable:
     """:func:`hash_embedding_variable` in eager code: plain ``tf.Variable`` objects, no graph collections.
 
     The caller tracks them (a Keras layer adds the values as a trainable
@@ -152,9 +179,13 @@ def _eager_hash_embedding_variable(name: str, dim: int, capacity_per_worker: int
     """
     values = eager_variable(name, [int(capacity_per_worker), int(dim)], tf.as_dtype(dtype),
                             tf.compat.v1.zeros_initializer(), trainable=trainable)
-    table_name = values.name.split(":")[0]
-    table = HashTable(table_name, dim, capacity_per_worker, initializer, dtype, load_factor,
-                      index_scope=name + "/hash_index")
+    table_name = values.name.split(":")[0]  # the name scope's, known once made
+    info = shards.place(_spec(table_name, capacity_per_worker, dim, dtype, api))
+    capacity = shards.hash_capacity(info, capacity_per_worker)
+    if capacity != int(capacity_per_worker):  # table-wise: made again at the holder's rows (0 elsewhere)
+        values = eager_variable(name, [capacity, int(dim)], tf.as_dtype(dtype), tf.compat.v1.zeros_initializer(),
+                                trainable=trainable)
+    table = HashTable(table_name, dim, capacity, initializer, dtype, load_factor, index_scope=name + "/hash_index",
+                      initializer_rows=int(capacity_per_worker))
     table.values = values
-    return tag(values, shards.place(TableSpec(table_name, int(capacity_per_worker) * comm.world_size(), int(dim),
-                                              tf.as_dtype(dtype).name, key_space="hash"), hash_index=table))
+    return tag(values, shards.renamed(info, table_name, hash_index=table))
