@@ -4,7 +4,10 @@ The TF2 Horovod recipe (eager + tf.function) and the TF 1.15 recipe (graph,
 Session) train SOK's DemoModel, as written (hash-table vocabulary, arbitrary
 int64 keys), for 20 steps; one plain TensorFlow process trains the same model
 with ``tf.nn.embedding_lookup`` on a table with one row per key on every global
-batch, and losses, every key's vector and the dense weights are compared.
+batch, and losses, every key's vector and the dense weights are compared. After
+the TF 1.15 recipe's loop we add a checkpoint and an export (the recipe has
+none): plain TensorFlow serves the export, compared with the trained workers'
+predictions.
 
 The parity runs are float64 and must agree to 1e-5: in float32 the order of a
 sum alone moves some weights of this model by 2e-2 after 20 steps (ReLUs flip
@@ -20,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 from launcher import RECIPES, load_rank_results, run_workers
+from test_recipes import only_export, serve
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "workers"))
 from workers import api_sok_cases as cases  # noqa: E402
@@ -82,6 +86,18 @@ def test_demo_model_trains_like_one_process(recipe_runs, run):
             _assert_close(res[r][f"dense{i}"], expected, dtype, f"dense weight {i} on worker {r}")
     first = cases.first_vectors(table_name, dtype)
     assert np.abs(table - first).max() > 1e-2, "training did not move the table"
+
+
+def test_tf1_recipe_export_serves_the_trained_models_predictions(recipe_runs):
+    """Ours after the TF 1.15 recipe (sok_tf1.py, 2 workers): the SavedModel rank 0 exports, loaded by plain
+    TensorFlow, serves what the trained workers predict (training=False) for the serving batch; keys no batch had
+    read zeros on both sides."""
+    run = RUNS[-1]
+    out = recipe_runs(run)
+    predicted = np.concatenate([res["predicted"] for res in load_rank_results(out, run[1])])
+    served = serve(only_export(out / "export"), {"inputs": cases.serving_keys()}, "logits")
+    np.testing.assert_allclose(served, predicted, rtol=1e-6, atol=1e-9)
+    assert np.ptp(predicted) > 1e-3
 
 
 @pytest.mark.parametrize("run", TF2_RUNS[:3], ids=_run_id)

@@ -34,7 +34,7 @@ checkpoint, an export (``strategy.export_saved_model`` or the Estimator's
 batches. Compared: every step's loss (the workers' mean); after the first life
 the tables, slots and dense weights (not an Estimator's); each full checkpoint
 restored by TensorFlow's own ``Saver`` in the plain process at the checkpoint's
-step against its own values (a hash column's keys and rows, read with
+step against its own values (a hash column's keys, rows and slot rows, read with
 ``tf.train.load_variable``, against its stand-in's rows of those keys); and the
 predictions plain TensorFlow serves from versions 1 and 2
 (``tf.compat.v1.saved_model.load`` in this process) against the plain
@@ -123,9 +123,8 @@ def programs(draw) -> dict:
     call = draw(st.sampled_from(CALLS[family]))
     transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") else ())
     # HybridBackend's optimizers run in its own MonitoredTrainingSession (its recipe); an Estimator's model_fn
-    # builds the optimizer where it builds the model. Refused, a defect reported in issue 42's note: an
-    # Estimator with a Keras optimizer trains apart from one process (seed 2028's p18, p25).
-    engines = ("session", "mts") + (() if family.startswith("keras") else ("estimator",))
+    # builds the optimizer where it builds the model.
+    engines = ("session", "mts", "estimator")
     engine = "mts" if family == "hb" else draw(st.sampled_from(engines))
     program = {
         "seed": draw(st.integers(0, 10_000)),
@@ -169,11 +168,13 @@ def draw_programs(count: int, seed_value: int) -> List[dict]:
         program["workers"] = (2, 3, 1)[i % 3]
         if i >= LIVES:  # the CPU budget: the others' life ends with their first checkpoint
             program["resume"] = 0
-        for table in program["tables"]:
-            # Refused, a defect reported in issue 42's note: a weighted column's table resumed on 3 workers fails
-            # in its next save ("Requires start <= limit when delta > 0: 2/1" in collective_save; seed 2028's p23).
-            if table["entry"] == "weighted_column" and 3 in (program["workers"], program["resume"]):
-                table["entry"] = "column"
+        # Refused, a defect reported in issue 42's note (docs/support.md): Keras' global_clipnorm over a table with
+        # fewer rows than workers (held whole by every worker) clips apart from one process (legacy Adagrad: 0.9%
+        # at step 2 of seed 2028's p31).
+        if program["transform"] == "keras_clipnorm" and any(
+                t["entry"] != "hash_column" and t["vocab"] < max(program["workers"], program["resume"])
+                for t in program["tables"]):
+            program["transform"] = "none"
     return drawn
 
 
@@ -218,6 +219,11 @@ REGRESSIONS = {
     "keras-legacy-global-clipnorm-column-2-workers": _program(
         family="keras_legacy", call="tf_gradients", kind="adam", transform="keras_clipnorm",
         tables=[_table(), _table("user", 5, "column")]),
+    # The one plain process's check of a checkpoint restored a hash column's legacy Keras slots ("Adam/<table>/m",
+    # outside the table's scope) over its stand-in's, in the checkpoint's key order: its next steps were wrong.
+    "keras-legacy-adam-hash-column-mts-sok-1-to-1": _program(
+        workers=1, resume=1, backend="sok", engine="mts", family="keras_legacy", call="tf_gradients", kind="adam",
+        tables=[_hash("item", False)]),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")])

@@ -17,6 +17,11 @@ Changes, each marked "CHANGED":
 - evident slips: ``logit`` -> ``logits``; ``train_step(inputs, labels)`` gets its
   ``training`` argument; ``hvd.reduce`` (no such function) -> ``hvd.allreduce(op=hvd.Sum)``;
   dense gradients summed (``op=hvd.Sum``), as in sok_tf2.py.
+
+Ours, after the recipe's training loop (marked "ADDED"; the recipe has no save or export step): the trained
+model is saved with ``collective.checkpoint.Saver`` and exported with ``export_saved_model``
+(docs/checkpoints.md), and each worker predicts its share of ``cases.serving_keys()`` with ``training=False``;
+test_api_sok.py serves the export in plain TensorFlow against those predictions.
 """
 import os
 import sys
@@ -31,6 +36,8 @@ import api_sok_cases as cases  # noqa: E402
 import collective.sok as sok  # CHANGED: import
 from sok_demo_model import DemoModel
 from collective.embedding import hash_table
+from collective.checkpoint import Saver  # ADDED: the export step
+from collective.integration.export import export_saved_model  # ADDED: the export step
 
 out_dir, dtype = sys.argv[1], sys.argv[2]
 tf.keras.backend.set_floatx(dtype)  # CHANGED: dtype
@@ -110,5 +117,23 @@ with tf.Session() as sess:
     held_keys, held_rows = hash_table.table_of(emb_var[0]).entries()
     values = sess.run([held_keys, tf.gather(emb_var[0], held_rows), list(other_var)])
 
+    # ADDED: the trained model's checkpoint (a collective: every worker saves) and its predictions of this
+    # worker's share of the serving batch.
+    checkpoint = Saver(var_list=model.trainable_variables).save(sess, os.path.join(out_dir, "model", "model.ckpt"))
+    per = cases.GLOBAL_BATCH // hvd.size()
+    serving_inputs = tf.placeholder(tf.int64, [None, cases.SLOT_NUM, cases.NNZ])
+    predicted = sess.run(model(serving_inputs, training=False),
+                         {serving_inputs: cases.serving_keys()[hvd.rank() * per:(hvd.rank() + 1) * per]})
+
+
+def serving_signature():  # ADDED: the model once more on the serving inputs, in the export graph
+    keys = tf.placeholder(tf.int64, [None, cases.SLOT_NUM, cases.NNZ], name="inputs")
+    serving_model = DemoModel(max_vocabulary_size_per_gpu=1024, slot_num=10, nnz_per_slot=5, embedding_vector_size=16,
+                              num_of_dense_layers=cases.DENSE_LAYERS)
+    return tf.saved_model.predict_signature_def({"inputs": keys}, {"logits": serving_model(keys, training=False)})
+
+
+export_saved_model(os.path.join(out_dir, "export"), checkpoint, serving_signature)  # ADDED: rank 0 writes it
 np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses) / hvd.size(), keys=values[0],
-         vectors=values[1], table_name=emb_var[0].op.name, **{f"dense{i}": v for i, v in enumerate(values[2])})
+         vectors=values[1], table_name=emb_var[0].op.name, predicted=predicted,  # ADDED: predicted
+         **{f"dense{i}": v for i, v in enumerate(values[2])})

@@ -139,6 +139,15 @@ def _reference_training(table_name: str, dtype: str, emb_optimizer: str):
     return np.array(losses), model.table.numpy(), [v.numpy() for v in others]
 
 
+def serving_keys() -> np.ndarray:
+    """``[GLOBAL_BATCH, SLOT_NUM, NNZ]`` keys the exports are served: a batch drawn after training, whose first
+    sample holds keys no batch had (the trained model and the export read zeros for them)."""
+    keys = global_batch(STEPS)[0].copy()
+    keys[0] = 10 ** 12 + np.arange(SLOT_NUM * NNZ).reshape(SLOT_NUM, NNZ)
+    assert not np.isin(keys[0], KEY_POOL).any()
+    return keys
+
+
 def seen_keys() -> np.ndarray:
     """Every key the training batches hold (the keys the hash tables must hold after training)."""
     return np.unique(np.concatenate([global_batch(step)[0].ravel() for step in range(STEPS)]))

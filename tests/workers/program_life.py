@@ -19,7 +19,8 @@ The one plain process (:func:`plain_life`, rank 0 of the launch where the
 program's life ends) lives the same life on the global batches: at each full
 checkpoint's step it restores that checkpoint with TensorFlow's own ``Saver``
 (``restored<k>/...`` against its own values ``at<k>/...``; a hash table's
-checkpointed keys and rows against its stand-in's rows of those keys), and
+checkpointed keys, rows and slot rows against its stand-in's rows of those
+keys, which the restore leaves alone), and
 after the export's and the update's steps it predicts the serving batch
 (``serve1``, ``serve2``), which the tests compare with what plain TensorFlow
 serves from versions 1 and 2.
@@ -81,6 +82,7 @@ class _Built:
                 self.train_op = pc.train_op(program, self.model, optimizer, self.step)
         if where == "outside" and recipe:  # HybridBackend's recipe: the update built outside hb.scope()
             self.train_op = pc.train_op(program, self.model, optimizer, self.step)
+        self.optimizer = optimizer
         self.layouts = [pc.layout(program, t, table) for t, table in enumerate(self.model.tables)]
         fixed = [t for t, kind in enumerate(self.layouts) if kind != "hash"]
         self.fetch = {**{f"table/{t}": self.model.tables[t] for t in fixed},
@@ -315,12 +317,16 @@ def _read_record(model_dir: str, name: str) -> dict:
 def _compare_checkpoint(sess, built: _Built, program: dict, checkpoint: str, hash_names: Dict[str, str],
                         tag: str) -> Dict[str, np.ndarray]:
     """``at<tag>/...`` (this process's values) and ``restored<tag>/...`` (the checkpoint's, read by TF's ``Saver``;
-    a hash table's rows by key, from ``tf.train.load_variable``)."""
+    a hash table's rows and slot rows by key, from ``tf.train.load_variable``)."""
     out = {f"at{tag}/{k}": v for k, v in sess.run(built.fetch).items()}
-    stand_ins = [built.model.tables[int(t)] for t in hash_names]
-    names = {v.op.name for v in stand_ins}
-    keep = [v for v in tf.compat.v1.global_variables()
-            if not any(v.op.name == name or v.op.name.startswith(name + "/") for name in names)]
+    stand_ins = {t: built.model.tables[int(t)] for t in hash_names}
+    slots = {t: pc.slots(built.optimizer, table) for t, table in stand_ins.items()}
+    # A stand-in's slots are its rows too: legacy Keras names them "<optimizer>/<table>/m", outside the table's
+    # scope, and TF's Saver would write the checkpoint's rows (in key order) over them (issue 42's legacy Keras row).
+    names = {v.op.name for v in stand_ins.values()}
+    skip = {slot.op.name for found in slots.values() for slot in found.values()}
+    keep = [v for v in tf.compat.v1.global_variables() if v.op.name not in skip
+            and not any(v.op.name == name or v.op.name.startswith(name + "/") for name in names)]
     tf.compat.v1.train.Saver(var_list=keep).restore(sess, checkpoint)
     out.update({f"restored{tag}/{k}": v for k, v in sess.run(built.fetch).items()})
     for t, name in hash_names.items():
@@ -330,6 +336,10 @@ def _compare_checkpoint(sess, built: _Built, program: dict, checkpoint: str, has
             f"{checkpoint}: table {name} holds keys that no batch had: {sorted(set(keys) - set(pc.KEY_POOL))}"
         out[f"at{tag}/hash/{t}"] = sess.run(built.model.tables[int(t)])[rows]
         out[f"restored{tag}/hash/{t}"] = tf.train.load_variable(checkpoint, name)
+        for slot_name, slot in slots[t].items():  # each slot's rows, stored in the keys' order
+            stored = slot.op.name.replace(stand_ins[t].op.name, name)
+            out[f"at{tag}/hashslot/{t}/{slot_name}"] = sess.run(slot)[rows]
+            out[f"restored{tag}/hashslot/{t}/{slot_name}"] = tf.train.load_variable(checkpoint, stored)
         out[f"at{tag}/hashkeys/{t}"] = np.sort(np.unique(np.concatenate([
             pc.global_batch(program, i)[f"ids{t}"].reshape(-1) for i in range(_step_of(checkpoint))])))
         out[f"restored{tag}/hashkeys/{t}"] = np.sort(keys)
