@@ -236,6 +236,13 @@ def _tensor_initializer(f: Features, scope, plain: bool) -> Built:
     return Built(_flat(tf.nn.embedding_lookup(table, f.ids)), [table])
 
 
+def _outside_scope(f: Features, scope, plain: bool) -> Built:
+    """A table made outside ``embedding_scope()``: a replicated variable whose sparse gradient is averaged by
+    allgather (``training.average_gradients``; the batch is not static)."""
+    table = _var("outside_scope", _const(39))
+    return Built(_flat(tf.nn.embedding_lookup(table, f.ids)), [table])
+
+
 def _tf_variable(f: Features, scope, plain: bool) -> Built:
     with scope():
         table = tf.Variable(table_values(35), name="tf_variable")
@@ -373,6 +380,7 @@ ENTRY_POINTS: Dict[str, Callable] = {
     "sok_hash_dense": _sok_hash_dense,
     "sok_hash_sparse": _sok_hash_sparse,
     "ev_column": _ev_column,
+    "outside_scope": _outside_scope,
 }
 HASHED = ("sok_hash_dense", "sok_hash_sparse", "ev_column")
 # Tables whose initial values the plain model computes itself; the others start from the workers' values.
@@ -397,12 +405,12 @@ class Model(NamedTuple):
 
 
 def entries_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
-    """The entry points of the cell's model: all under TF2; under TF1 one of two halves of :data:`ENTRY_POINTS`,
-    so that each backend meets every entry point over N, each N over the backends, and each half both
-    :data:`TF1_OPTIMIZERS` (:func:`optimizers_for`) over the cells."""
-    if not tf1:
-        return tuple(ENTRY_POINTS)
-    half = (BACKENDS.index(backend) // 2 + WORKERS.index(n)) % 2
+    """The entry points of the cell's model: one of two halves of :data:`ENTRY_POINTS`, the TF1 cell the other
+    half than the TF2 cell of the same backend and N, so that each (backend, N) meets every entry point over
+    the two behaviours; within a behaviour each backend meets every entry point over N and each N over the
+    backends, and each half all five :data:`OPTIMIZERS` under TF2 and both :data:`TF1_OPTIMIZERS` under TF1
+    (:func:`optimizers_for`) over the cells."""
+    half = (BACKENDS.index(backend) + WORKERS.index(n) // 2 + (1 if tf1 else 0)) % 2
     return tuple(name for i, name in enumerate(ENTRY_POINTS) if i % 2 == half)
 
 
