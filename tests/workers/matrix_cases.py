@@ -487,29 +487,40 @@ def _tables(model: Model) -> Dict[str, tf.Variable]:
 def plain_model(optimizer_name: str, entries: Optional[Tuple[str, ...]] = None) -> Plain:
     """Builds the model of ``entries`` (default: all) in plain TensorFlow; ``initial`` holds its own initial
     tables."""
+    return plain_models((optimizer_name,), entries)[optimizer_name]
+
+
+def plain_models(optimizer_names: Tuple[str, ...], entries: Optional[Tuple[str, ...]] = None) -> Dict[str, Plain]:
+    """:func:`plain_model` of each of ``optimizer_names``, in one graph and session: the model and its gradients
+    are built once (most of the cost), each optimizer adds its slots and update; :func:`reference` starts each
+    from the initial values, the other optimizers' slots untouched."""
     graph = tf.Graph()
     with graph.as_default():
         model = build(None, entries=entries)
-        optimizer = make_optimizer(optimizer_name)
-        grads = optimizer.compute_gradients(model.loss)
-        train_op = optimizer.apply_gradients(grads)
+        optimizers = {name: make_optimizer(name) for name in optimizer_names}
+        grads = optimizers[optimizer_names[0]].compute_gradients(model.loss)
         tables = _tables(model)
         names = {id(t): k for k, t in tables.items()}
         names.update({id(v): v.op.name for v in model.dense})
         first = {f"out/{k}": v for k, v in model.outputs.items()}
         first.update({f"grad/{names[id(v)]}": dense_gradient(g, v) for g, v in grads if g is not None})
         sparse_gradient = {names[id(v)]: isinstance(g, tf.IndexedSlices) for g, v in grads if id(v) in names}
-        final = {f"final/{k}": t for k, t in tables.items()}
-        final.update({f"final/{v.op.name}": v for v in model.dense})
-        for key, table in tables.items():
-            for slot in optimizer.get_slot_names():
-                if optimizer.get_slot(table, slot) is not None:
-                    final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
+        updates = {}
+        for name, optimizer in optimizers.items():
+            train_op = optimizer.apply_gradients(grads)
+            final = {f"final/{k}": t for k, t in tables.items()}
+            final.update({f"final/{v.op.name}": v for v in model.dense})
+            for key, table in tables.items():
+                for slot in optimizer.get_slot_names():
+                    if optimizer.get_slot(table, slot) is not None:
+                        final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
+            updates[name] = (train_op, final)
         init = tf.group(tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer())
         session = tf.compat.v1.Session(graph=graph, config=fast_start())
         session.run(init)
         initial = session.run(tables)
-    return Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
+    return {name: Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
+            for name, (train_op, final) in updates.items()}
 
 
 def reference(plain: Plain, initial: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
