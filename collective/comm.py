@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -290,19 +291,47 @@ def broadcast(tensor: tf.Tensor, root_rank: int = 0, name: Optional[str] = None,
 def broadcast_string(value: Optional[str], root_rank: int = 0, max_bytes: int = 4096) -> str:
     """``value`` as it is on ``root_rank``, on every worker, from plain Python (eager or not).
 
-    Runs in a graph and session of its own, so it works whatever mode the
-    caller is in; every worker must call it at the same point.
+    Runs in a graph and session of its own (made once per process), so it
+    works whatever mode the caller is in; every worker must call it at the
+    same point. Only ``value``'s bytes travel (``max_bytes`` bounds them).
     """
     if world_size() == 1:
         return value or ""
     data = (value or "").encode() if rank() == root_rank else b""
     if len(data) > max_bytes:
         raise ValueError(f"broadcast_string: {len(data)} bytes is more than max_bytes={max_bytes}")
-    padded = np.zeros([max_bytes], np.uint8)
-    padded[:len(data)] = np.frombuffer(data, np.uint8)
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        got = sess.run(_hvd().broadcast(tf.constant(padded), root_rank, name="collective_broadcast_string"))
-    return bytes(got).rstrip(b"\0").decode()
+    return bytes(_string_channel().gather(np.frombuffer(data, np.uint8))).decode()
+
+
+class _StringChannel:
+    """One graph and session per process that allgather uint8 vectors of any length.
+
+    A broadcast is an allgather to which only the root gives bytes: one
+    collective, the root's bytes only, and no graph or session made per call
+    (the plan is agreed on before every session an Estimator makes).
+    """
+
+    def __init__(self):
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            self._bytes = tf.compat.v1.placeholder(tf.uint8, [None], name="collective_string_bytes")
+            self._gathered = _hvd().allgather(self._bytes, name="collective_broadcast_string")
+        self._graph.finalize()
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        self._lock = threading.Lock()
+
+    def gather(self, data: np.ndarray) -> np.ndarray:
+        with self._lock:
+            return self._session.run(self._gathered, {self._bytes: data})
+
+
+_channel: List[_StringChannel] = []
+
+
+def _string_channel() -> _StringChannel:
+    if not _channel:
+        _channel.append(_StringChannel())
+    return _channel[0]
 
 
 def allreduce_max(tensor: tf.Tensor) -> tf.Tensor:

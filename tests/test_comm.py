@@ -112,6 +112,12 @@ def test_broadcast(comm_results):
         np.testing.assert_array_equal(res[r]["broadcast_last"], cases.dense(n - 1))
 
 
+def test_broadcast_string_gives_the_roots_text(comm_results):
+    n, res = comm_results
+    for r in range(n):
+        assert res[r]["broadcast_strings"].tolist() == [cases.text(0), cases.text(n - 1), "", cases.text(0)]
+
+
 def test_bytes_counter_counts_what_each_worker_sends(comm_results):
     n, res = comm_results
     for r in range(n):

@@ -43,3 +43,8 @@ def alltoall_ids(rank: int, size: int) -> np.ndarray:
     rows = int(splits(rank, size).sum())
     return np.arange(rows, dtype=np.int64) * 7 + (1 << 35) * rank
 
+
+
+def text(rank: int) -> str:
+    """A rank's text for broadcast_string: multi-byte characters, a different length on every rank."""
+    return f"rank {rank}: é€" + "x" * (7 * rank)

@@ -79,4 +79,8 @@ with tf.Graph().as_default():
         sess.run([a_out, g_out])
         results["bytes_two_runs"] = sess.run(counter)
 
+# broadcast_string from plain Python: rank 0's and the last rank's text (multi-byte, empty), repeated calls.
+results["broadcast_strings"] = np.array([comm.broadcast_string(cases.text(r), root) for root in (0, n - 1)] + [
+    comm.broadcast_string("" if r == 0 else "not sent"), comm.broadcast_string(cases.text(r), 0, max_bytes=64)])
+
 np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)

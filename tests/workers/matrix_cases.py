@@ -251,6 +251,13 @@ def _tensor_initializer(f: Features, scope, plain: bool) -> Built:
     return Built(_flat(tf.nn.embedding_lookup(table, f.ids)), [table])
 
 
+def _outside_scope(f: Features, scope, plain: bool) -> Built:
+    """A table made outside ``embedding_scope()``: a replicated variable whose sparse gradient is averaged by
+    allgather (``training.average_gradients``; the batch is not static)."""
+    table = _var("outside_scope", _const(39))
+    return Built(_flat(tf.nn.embedding_lookup(table, f.ids)), [table])
+
+
 def _tf_variable(f: Features, scope, plain: bool) -> Built:
     with scope():
         table = tf.Variable(table_values(35), name="tf_variable")
@@ -388,6 +395,7 @@ ENTRY_POINTS: Dict[str, Callable] = {
     "sok_hash_dense": _sok_hash_dense,
     "sok_hash_sparse": _sok_hash_sparse,
     "ev_column": _ev_column,
+    "outside_scope": _outside_scope,
 }
 HASHED = ("sok_hash_dense", "sok_hash_sparse", "ev_column")
 # Tables whose initial values the plain model computes itself; the others start from the workers' values.
@@ -412,12 +420,12 @@ class Model(NamedTuple):
 
 
 def entries_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
-    """The entry points of the cell's model: all under TF2; under TF1 one of two halves of :data:`ENTRY_POINTS`,
-    so that each backend meets every entry point over N, each N over the backends, and each half both
-    :data:`TF1_OPTIMIZERS` (:func:`optimizers_for`) over the cells."""
-    if not tf1:
-        return tuple(ENTRY_POINTS)
-    half = (BACKENDS.index(backend) // 2 + WORKERS.index(n)) % 2
+    """The entry points of the cell's model: one of two halves of :data:`ENTRY_POINTS`, the TF1 cell the other
+    half than the TF2 cell of the same backend and N, so that each (backend, N) meets every entry point over
+    the two behaviours; within a behaviour each backend meets every entry point over N and each N over the
+    backends, and each half all five :data:`OPTIMIZERS` under TF2 and both :data:`TF1_OPTIMIZERS` under TF1
+    (:func:`optimizers_for`) over the cells."""
+    half = (BACKENDS.index(backend) + WORKERS.index(n) // 2 + (1 if tf1 else 0)) % 2
     return tuple(name for i, name in enumerate(ENTRY_POINTS) if i % 2 == half)
 
 
@@ -494,29 +502,40 @@ def _tables(model: Model) -> Dict[str, tf.Variable]:
 def plain_model(optimizer_name: str, entries: Optional[Tuple[str, ...]] = None) -> Plain:
     """Builds the model of ``entries`` (default: all) in plain TensorFlow; ``initial`` holds its own initial
     tables."""
+    return plain_models((optimizer_name,), entries)[optimizer_name]
+
+
+def plain_models(optimizer_names: Tuple[str, ...], entries: Optional[Tuple[str, ...]] = None) -> Dict[str, Plain]:
+    """:func:`plain_model` of each of ``optimizer_names``, in one graph and session: the model and its gradients
+    are built once (most of the cost), each optimizer adds its slots and update; :func:`reference` starts each
+    from the initial values, the other optimizers' slots untouched."""
     graph = tf.Graph()
     with graph.as_default():
         model = build(None, entries=entries)
-        optimizer = make_optimizer(optimizer_name)
-        grads = optimizer.compute_gradients(model.loss)
-        train_op = optimizer.apply_gradients(grads)
+        optimizers = {name: make_optimizer(name) for name in optimizer_names}
+        grads = optimizers[optimizer_names[0]].compute_gradients(model.loss)
         tables = _tables(model)
         names = {id(t): k for k, t in tables.items()}
         names.update({id(v): v.op.name for v in model.dense})
         first = {f"out/{k}": v for k, v in model.outputs.items()}
         first.update({f"grad/{names[id(v)]}": dense_gradient(g, v) for g, v in grads if g is not None})
         sparse_gradient = {names[id(v)]: isinstance(g, tf.IndexedSlices) for g, v in grads if id(v) in names}
-        final = {f"final/{k}": t for k, t in tables.items()}
-        final.update({f"final/{v.op.name}": v for v in model.dense})
-        for key, table in tables.items():
-            for slot in optimizer.get_slot_names():
-                if optimizer.get_slot(table, slot) is not None:
-                    final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
+        updates = {}
+        for name, optimizer in optimizers.items():
+            train_op = optimizer.apply_gradients(grads)
+            final = {f"final/{k}": t for k, t in tables.items()}
+            final.update({f"final/{v.op.name}": v for v in model.dense})
+            for key, table in tables.items():
+                for slot in optimizer.get_slot_names():
+                    if optimizer.get_slot(table, slot) is not None:
+                        final[f"slot/{key}/{slot}"] = optimizer.get_slot(table, slot)
+            updates[name] = (train_op, final)
         init = tf.group(tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer())
         session = tf.compat.v1.Session(graph=graph, config=fast_start())
         session.run(init)
         initial = session.run(tables)
-    return Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
+    return {name: Plain(session, model, init, first, train_op, final, tables, initial, sparse_gradient)
+            for name, (train_op, final) in updates.items()}
 
 
 def reference(plain: Plain, initial: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
