@@ -17,6 +17,7 @@ from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver,
 from collective.checkpoint.layout import block_bounds, restore_rows
 from collective.embedding.layout import ShardLayout
 from collective.sharding.layouts.table_wise import TableWiseLayout
+from collective.sharding.plan import PlanError
 
 from graphs import while_loops
 from launcher import launch_once, load_rank_results, run_workers
@@ -103,6 +104,26 @@ def test_saver_keeps_the_names_a_var_list_dict_gives_sharded_tables(tmp_path):
     assert "table" not in reader.get_variable_to_shape_map()
     np.testing.assert_array_equal(reader.get_tensor("model/embedding"), values)
     np.testing.assert_array_equal(restored, values)
+
+
+def test_deltas_of_a_column_wise_table_are_refused_before_anything_is_written(tmp_path):
+    """Issue 43: a full checkpoint of a column-wise table is its logical table; a delta of it is refused, naming
+    it, when the delta's ops are built (nothing of the delta is written)."""
+    values = np.arange(15, dtype=np.float32).reshape(3, 5)
+    strategy = CollectiveStrategy("hb", sharding={"wide": "column_wise"})
+    with strategy.scope(), tf.Graph().as_default():
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("wide", [3, 5], initializer=tf.compat.v1.constant_initializer(values))
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            path = saver.save(sess, str(tmp_path / "model.ckpt"), global_step=1)
+            with pytest.raises(PlanError, match="table wide: incremental checkpoints .deltas. of a column_wise table "
+                                                "are not built yet"):
+                saver.save_incremental(sess, str(tmp_path / "model.ckpt"), global_step=2)
+    assert strategy.plan["wide"].placement == "column_wise"
+    np.testing.assert_array_equal(tf.train.load_variable(path, "wide"), values)
+    assert not list(tmp_path.glob("*delta*"))
 
 
 def test_restore_ops_share_one_loop_whatever_the_number_of_tables(tmp_path):
