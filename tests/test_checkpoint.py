@@ -13,16 +13,18 @@ import pytest
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir
+from collective.checkpoint import CheckpointMismatchError, ModelDirError, Saver, check_model_dir, manifest
 from collective.checkpoint.layout import block_bounds, restore_rows
 from collective.checkpoint.manifest import read_plan
 from collective.embedding.layout import ShardLayout
 from collective.sharding.layouts.table_wise import TableWiseLayout
+from collective.sharding.plan import PlanError
 
 from graphs import while_loops
 from launcher import launch_once, load_rank_results, run_workers
 from workers import checkpoint_cases as cc
 from workers import derived_cases as dc
+from workers import placement_chain as chain
 
 # Several launches share one module fixture: on a loaded 2-core machine they outlast the default timeout.
 pytestmark = pytest.mark.timeout(2400)
@@ -103,6 +105,26 @@ def test_saver_keeps_the_names_a_var_list_dict_gives_sharded_tables(tmp_path):
     assert "table" not in reader.get_variable_to_shape_map()
     np.testing.assert_array_equal(reader.get_tensor("model/embedding"), values)
     np.testing.assert_array_equal(restored, values)
+
+
+def test_deltas_of_a_column_wise_table_are_refused_before_anything_is_written(tmp_path):
+    """Issue 43: a full checkpoint of a column-wise table is its logical table; a delta of it is refused, naming
+    it, when the delta's ops are built (nothing of the delta is written)."""
+    values = np.arange(15, dtype=np.float32).reshape(3, 5)
+    strategy = CollectiveStrategy("hb", sharding={"wide": "column_wise"})
+    with strategy.scope(), tf.Graph().as_default():
+        with strategy.embedding_scope():
+            table = tf.compat.v1.get_variable("wide", [3, 5], initializer=tf.compat.v1.constant_initializer(values))
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            path = saver.save(sess, str(tmp_path / "model.ckpt"), global_step=1)
+            with pytest.raises(PlanError, match="table wide: incremental checkpoints .deltas. of a column_wise table "
+                                                "are not built yet"):
+                saver.save_incremental(sess, str(tmp_path / "model.ckpt"), global_step=2)
+    assert strategy.plan["wide"].placement == "column_wise"
+    np.testing.assert_array_equal(tf.train.load_variable(path, "wide"), values)
+    assert not list(tmp_path.glob("*delta*"))
 
 
 def test_restore_ops_share_one_loop_whatever_the_number_of_tables(tmp_path):
@@ -330,3 +352,45 @@ def test_export_serves_what_the_predict_scaffold_saver_restores(derived, derived
         signature = meta.signature_def["serving_default"]
         got = sess.run(signature.outputs["logits"].name, {signature.inputs["ids"].name: dc.SERVE_IDS})
     np.testing.assert_allclose(got, dc.ema_logits(derived_reference), rtol=1e-5, atol=1e-6)
+
+
+# Issue 43: one checkpoint across placements, worker counts and TF behaviours. Each stage restores the previous
+# stage's checkpoint, trains 2 steps and saves. t: row_wise -> table_wise -> column_wise -> row_wise; u the
+# other way round (column_wise on 2 workers under both TF behaviours, table_wise on 1).
+CHAIN = [(2, "hb", "tf2", "row_wise", "column_wise"), (3, "sok", "tf1", "table_wise", "row_wise"),
+         (1, "hb", "tf2", "column_wise", "table_wise"), (2, "sok", "tf1", "row_wise", "column_wise")]
+CHAIN_KEYS = ("t", "u", "w", "t/Adagrad", "u/Adagrad", "w/Adagrad")
+
+
+def _chain_reference():
+    """One process's variables and Adagrad slots after each stage's steps."""
+    with tf.Graph().as_default():
+        _, train_op, feed = chain.build()
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            stages = []
+            for step in range(len(CHAIN) * chain.STEPS):
+                sess.run(train_op, feed(chain.global_batch(step)))
+                if (step + 1) % chain.STEPS == 0:
+                    stages.append(sess.run({key: variables[key] for key in CHAIN_KEYS}))
+            return stages
+
+
+def test_a_checkpoint_moves_across_placements_and_worker_counts_with_its_slots(tmp_path):
+    """row_wise@2 -> table_wise@3 (TF1) -> column_wise@1 -> row_wise@2 (TF1), and the other table column_wise@2
+    -> row_wise@3 -> table_wise@1 -> column_wise@2: every stage's checkpoint holds the logical tables and slots
+    one process holds after as many steps."""
+    reference = _chain_reference()
+    previous = "-"
+    for stage, (n, backend, mode, t_placement, u_placement) in enumerate(CHAIN):
+        prefix = str(tmp_path / f"stage{stage}" / "model.ckpt")
+        run_workers("placement_chain.py", n, [str(stage), backend, mode, previous, prefix, t_placement, u_placement])
+        for key in CHAIN_KEYS:
+            np.testing.assert_allclose(tf.train.load_variable(prefix, key), reference[stage][key], rtol=1e-5,
+                                       atol=1e-6, err_msg=f"stage {stage} ({n} workers, {t_placement}/"
+                                                          f"{u_placement}, {mode}): {key}")
+        assert [manifest.read_plan(prefix)[name].placement for name in ("t", "u")] == [t_placement, u_placement]
+        previous = prefix
+    # Training moved every variable from its initial value.
+    assert not np.allclose(reference[-1]["t"], reference[0]["t"])

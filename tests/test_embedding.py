@@ -10,6 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from collective.sharding.layouts.column_wise import column_bounds
 from launcher import launch_once, held, load_rank_results, run_workers
 from workers import embedding_cases as cases
 
@@ -181,3 +182,26 @@ def test_table_wise_tables_train_as_one_process(backend, n, reference_training):
             np.testing.assert_allclose(res[r]["tw_restored_t1"], t1[r::n], rtol=1e-4, atol=1e-6)
             np.testing.assert_allclose(res[r]["tw_restored_t2"], t2[r::n], rtol=1e-4, atol=1e-6)
             assert res[r]["tw_recorded"].tolist() == ["table_wise", "table_wise"]
+
+
+@pytest.mark.parametrize("backend", ["hb", "sok"])
+@pytest.mark.parametrize("n", WORKERS)
+def test_column_wise_tables_train_as_one_process(backend, n, reference_training):
+    """``sharding={"t1", "t2", "small": "column_wise"}``: each rank holds its columns of every row (4 dims on 3
+    workers: 2, 1, 1; "small" has 2 rows, fewer than 3 workers), Adam's slots sliced alike; training equals one
+    process, and (hb) its checkpoint holds the logical tables, "small"'s too (a block of 0 rows on 3 workers)."""
+    res = results_for(n)[backend]
+    losses, (t1, t2), (w, b, small) = reference_training[cases.OPTIMIZERS[-1]]  # one process: no scope to be in
+    columns = column_bounds(cases.DIM, n)
+    np.testing.assert_allclose(np.mean([res[r]["cw_losses"] for r in range(n)], axis=0), losses, rtol=1e-5)
+    for r in range(n):
+        assert res[r]["cw_placements"].tolist() == ["column_wise"] * 3
+        lo, hi = columns[r], columns[r + 1]
+        for key, want in (("cw_t1", t1), ("cw_t2", t2), ("cw_small", small)):
+            np.testing.assert_allclose(res[r][key], want[:, lo:hi], rtol=1e-4, atol=1e-6, err_msg=key)
+        for key, want in (("cw_w", w), ("cw_b", b)):
+            np.testing.assert_allclose(res[r][key], want, rtol=1e-4, atol=1e-6)
+        if backend == "hb" and n > 1:
+            for key, want in (("cw_saved_t1", t1), ("cw_saved_t2", t2), ("cw_saved_small", small)):
+                np.testing.assert_allclose(res[r][key], want, rtol=1e-4, atol=1e-6, err_msg=key)
+

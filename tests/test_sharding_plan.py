@@ -58,7 +58,9 @@ def test_overrides_by_name_and_by_callable():
     ({"keys": "replicated"}, "table 'keys': placement 'replicated' cannot hold a hash table"),
     ({"user": "diagonal"}, "table 'user': unknown placement 'diagonal'"),
     ({"nobody": "row_wise"}, "names table(s) 'nobody' that the model does not make"),
-    ({"user": "column_wise"}, "table 'user': placement 'column_wise' is not built for a table yet"),
+    ({"small": "column_wise"}, "table 'small': placement 'column_wise' needs at least one column per worker: "
+                               "dim 2 on 3 workers"),
+    ({"sok_table": "column_wise"}, "table 'sok_table': placement 'column_wise' is not built for a SOK table yet"),
     ({"sok_table": "replicated"}, "table 'sok_table': placement 'replicated' is not built for a SOK table yet"),
     ({"sok_keys": "table_wise"}, "table 'sok_keys': placement 'table_wise' is not built for a SOK table yet; a SOK "
                                  "table can be row_wise"),
@@ -200,3 +202,23 @@ def test_table_wise_tables_go_to_the_least_loaded_rank_with_room():
     with pytest.raises(PlanError, match="table 'mid': placement 'table_wise' finds no worker with room"):
         plan(specs[:2], World(1, memory_per_worker=4000), two)
     assert plan(specs[:2], World(2, memory_per_worker=4000), two)["mid"].ranks == (1,)
+
+
+def test_column_wise_tables_slice_every_row_over_every_rank():
+    """Column-wise (issue 43): every rank holds a slice of every row, the first dim % N ranks one column more; a
+    table with fewer rows than workers can take it, one with fewer dims than workers cannot."""
+    wide = [TableSpec("user", 10, 4), TableSpec("tiny", 2, 4), TableSpec("odd", 7, 5)]
+    got = plan(wide, World(3), {s.name: "column_wise" for s in wide}, backend="sok")
+    assert list(got.values()) == [_table("user", 10, 4, "column_wise", "sok", reason="chosen by the user"),
+                                  _table("tiny", 2, 4, "column_wise", "sok", reason="chosen by the user"),
+                                  _table("odd", 7, 5, "column_wise", "sok", reason="chosen by the user")]
+    # The widest slice: 10 rows of 2 of 4 columns; 7 rows of 2 of 5 columns (2, 2, 1).
+    assert [t.bytes_per_worker for t in got.values()] == [80, 16, 56]
+    assert plan(wide[:1], World(2), {"user": "column_wise"}, backend="replicated")["user"].exchange == "hb"
+    with pytest.raises(PlanError, match="table 'user': column_wise puts 80 bytes on each of ranks"):
+        plan(wide[:1], World(3, memory_per_worker=79), {"user": "column_wise"})
+    # One step of batch 10: the 80 bytes of ids reach the 2 other ranks; 2/3 of each 16-byte row comes back and
+    # its gradient goes back: 160 + 10 * 2 * 16 * 2 / 3.
+    cost = CostModel(global_batch_size=10)
+    assert cost.bytes_per_step(wide[0], "column_wise", 3) == pytest.approx(160 + 10 * 2 * 16 * 2 / 3)
+    assert cost.bytes_per_step(wide[0], "column_wise", 1) == 0.0

@@ -29,6 +29,7 @@ from collective.checkpoint import hash_tables, layout, logical, touched
 from collective.checkpoint.model_dir import checkpoint_key
 from collective.embedding import tables as table_registry
 from collective.embedding.table import ShardInfo, shard_of
+from collective.sharding.plan import PlanError
 
 TOMBSTONE_PART = "-tombstones"
 """Suffix of the part file a worker writes a table's tombstones into (beside its ``-delta<t>`` part)."""
@@ -114,8 +115,15 @@ def _changed(table: DeltaTable):
     return keys, local
 
 
+def _check_deltas(table: DeltaTable) -> None:
+    if table.info.column_wise:
+        raise PlanError(f"table {table.name}: incremental checkpoints (deltas) of a column_wise table are not "
+                        "built yet; place it row_wise, or save full checkpoints only")
+
+
 def build_save(table: DeltaTable, part_prefix: tf.Tensor, names: Optional[Mapping[int, str]] = None) -> None:
     """Adds this worker's write of ``table``'s changed rows (a collective: every worker builds and runs it)."""
+    _check_deltas(table)
     keys, rows = _changed(table)
     table.rows = tf.size(keys)
     index = table.info.hash_index
@@ -132,6 +140,7 @@ def build_save(table: DeltaTable, part_prefix: tf.Tensor, names: Optional[Mappin
 def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: int,
                   names: Optional[Mapping[int, str]] = None) -> None:
     """Adds the op writing one stored block of ``table`` from a delta over this worker's rows."""
+    _check_deltas(table)
     info = table.info
     owner = info.layout if info.hash_index is None else hash_tables.key_owner(table.variables[0], rank, world_size)
     keys, values, table.block_feed = hash_tables.read_keyed(

@@ -8,7 +8,10 @@ is one ``[vocab, dim]`` tensor stored as ``N`` contiguous row blocks, block
 alltoall (each worker then holds only its block); restoring under ``M``
 workers reads the stored blocks one at a time and keeps the rows its
 layout under ``M`` holds, so no worker ever holds more than its own shard
-plus one stored block.
+plus one stored block. A column-wise table is stored the same way (its
+block's slices joined along the dims on the writer); its restore reads
+every row whole and keeps its columns, so a worker holds the whole
+logical table while it restores.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collective.checkpoint import logical
 from collective.embedding import traced
 from collective.embedding.layout import ShardLayout, positions_in_block
 from collective.embedding.table import ShardInfo
+from collective.sharding.layouts.column_wise import column_bounds
 from collective.tf_internals import io_ops
 
 
@@ -58,6 +62,8 @@ def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     if n == 1:
         return tf.identity(local)
     bounds = block_bounds(info.vocab, n)
+    if info.column_wise:
+        return _joined_block(local, info, bounds)
     if not info.layout.sharded:
         return local[bounds[r]:bounds[r + 1]]
     ids, _ = logical.held_rows(info)
@@ -68,6 +74,26 @@ def contiguous_block(local: tf.Tensor, info: ShardInfo) -> tf.Tensor:
     block_ids = tf.range(bounds[r], bounds[r + 1], dtype=tf.int64)
     arrival = tf.argsort(info.layout.owner(block_ids), stable=True)
     return tf.gather(received, tf.math.invert_permutation(arrival))
+
+
+def _joined_block(local: tf.Tensor, info: ShardInfo, bounds: List[int]) -> tf.Tensor:
+    """A column-wise table's contiguous block: every rank sends each block's rows of its columns to the block's
+    writer (one alltoall, slices padded to the widest), which joins them along the dims."""
+    n, r = info.world_size, info.rank
+    columns = column_bounds(info.dim, n)
+    widest = max(columns[s + 1] - columns[s] for s in range(n))
+    splits = tf.constant([bounds[s + 1] - bounds[s] for s in range(n)], tf.int32)
+    received, _ = comm.alltoall(tf.pad(local, [[0, 0], [0, widest - info.local_dim]]), splits)
+    by_rank = tf.reshape(received, [n, bounds[r + 1] - bounds[r], widest])
+    return tf.concat([by_rank[s, :, :columns[s + 1] - columns[s]] for s in range(n)], axis=1)
+
+
+def held_columns(rows: tf.Tensor, info: ShardInfo) -> tf.Tensor:
+    """The columns of whole logical ``rows`` that ``info``'s variable holds (all but for a column-wise table)."""
+    if not info.column_wise:
+        return rows
+    lo, hi = info.columns
+    return rows[:, lo:hi]
 
 
 def restore_rows(prefix: tf.Tensor, key: str, row_splits: tf.Tensor, full_shape, dtype: tf.DType,

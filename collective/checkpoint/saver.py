@@ -145,15 +145,21 @@ class Saver(saver_lib.Saver):
     def _build_save_ops(self, sharded, saveables):
         self._part_prefix = tf.compat.v1.placeholder(tf.string, [], name="part_prefix")
         self._replicated_prefix = tf.compat.v1.placeholder(tf.string, [], name="replicated_prefix")
-        names, specs, tensors = [], [], []
+        names, specs, tensors, empty = [], [], [], []
         for var in sharded:
             info = shard_of(var)
             bounds = layout.block_bounds(info.vocab, info.world_size)
             lo, hi = bounds[info.rank], bounds[info.rank + 1]
+            block = layout.contiguous_block(var.read_value(), info)
+            if hi == lo:  # fewer rows than workers (column-wise): no block here, but the exchange must run
+                empty.append(block)
+                continue
             names.append(checkpoint_key(var, self._names))
             specs.append(f"{info.vocab} {info.dim} {lo},{hi - lo}:-")
-            tensors.append(layout.contiguous_block(var.read_value(), info))
+            tensors.append(block)
         self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
+        # Fetched beside the save (Grappler drops a collective that only a control dependency waits for).
+        self._empty_blocks = empty
         for t, family in enumerate(self._families):
             hash_tables.build_save(family, tf.strings.join([self._part_prefix, f"-hash{t}"]))
         rep_names, rep_specs, rep_tensors = _flat_specs(saveables)
@@ -161,7 +167,7 @@ class Saver(saver_lib.Saver):
             info = shard_of(var)
             rep_names.append(row_splits_key(checkpoint_key(var, self._names)))
             rep_specs.append("")
-            rep_tensors.append(tf.constant(layout.block_bounds(info.vocab, info.world_size), tf.int64))
+            rep_tensors.append(tf.constant(sorted(set(layout.block_bounds(info.vocab, info.world_size))), tf.int64))
         for family in self._families:
             rep_names.append(row_splits_key(family.name))
             rep_specs.append("")
@@ -187,8 +193,9 @@ class Saver(saver_lib.Saver):
                 tf.constant([0, info.vocab], tf.int64), [None], name="row_splits")
             self._row_splits[key] = splits
             with tf.control_dependencies(ops[-1:]):
-                rows = layout.restore_rows(self._restore_prefix, key, splits, [info.vocab, info.dim],
-                                           var.dtype.base_dtype, info.layout)
+                rows = layout.held_columns(layout.restore_rows(self._restore_prefix, key, splits,
+                                                               [info.vocab, info.dim], var.dtype.base_dtype,
+                                                               info.layout), info)
                 ops.append(var.assign(rows, read_value=False))
         if saveables:
             ops.append(saver_lib.BulkSaverBuilder()._AddRestoreOps(  # pylint: disable=protected-access
@@ -409,7 +416,7 @@ class Saver(saver_lib.Saver):
         """Writes this worker's part (and on rank 0 the replicated variables)."""
         _clear_own_parts(parts_dir, shard_part, replicated_part)
         self._evict_before_writing(sess)
-        fetches = [self._shard_save] + [family.save for family in self._families]
+        fetches = [self._shard_save, self._empty_blocks] + [family.save for family in self._families]
         feed = {self._part_prefix: shard_part}
         if comm.rank() == 0:
             fetches.append(self._replicated_save)

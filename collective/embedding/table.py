@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from collective.embedding import key_init
 from collective.embedding.layout import ShardLayout
+from collective.sharding.layouts.column_wise import ColumnWiseLayout
 from collective.sharding.layouts.table_wise import TableWiseLayout
 from collective.tf_internals import patches
 
@@ -51,20 +52,37 @@ class ShardInfo:
     gradient_scale: float = 1.0
     # The rank holding the whole table (the ``table_wise`` placement), else None.
     holder: Optional[int] = None
+    # Every rank holds a slice of every row's dims (the ``column_wise`` placement).
+    column_wise: bool = False
 
     @property
     def placement(self) -> str:
-        """``replicated``, ``table_wise`` or ``row_wise`` (see :mod:`collective.sharding.plan`)."""
+        """``replicated``, ``table_wise``, ``column_wise`` or ``row_wise`` (see :mod:`collective.sharding.plan`)."""
         if self.holder is not None:
             return "table_wise"
+        if self.column_wise:
+            return "column_wise"
         return "replicated" if self.replicated else "row_wise"
 
     @property
     def layout(self):
-        """This rank's :class:`ShardLayout` (or the table-wise layout, which has the same methods)."""
+        """This rank's :class:`ShardLayout` (or the table-wise or column-wise layout, which have the same methods)."""
         if self.holder is not None:
             return TableWiseLayout(self.rank, self.world_size, self.holder)
+        if self.column_wise:
+            return ColumnWiseLayout(self.rank, self.world_size, self.dim)
         return ShardLayout(self.rank, self.world_size, self.replicated)
+
+    @property
+    def columns(self):
+        """``(lo, hi)``: the logical columns this rank holds (all of them but for a column-wise table)."""
+        return self.layout.columns() if self.column_wise else (0, self.dim)
+
+    @property
+    def local_dim(self) -> int:
+        """The width of this rank's local variable."""
+        lo, hi = self.columns
+        return hi - lo
 
     @property
     def local_rows(self) -> int:
@@ -158,7 +176,7 @@ def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType)
         if constant.shape == tuple(info.logical_shape):
             return tf.constant(info.layout.local_part(constant), dtype=dtype)
         if constant.ndim == 0:
-            return tf.fill([info.local_rows, info.dim], tf.constant(constant, dtype))
+            return tf.fill([info.local_rows, info.local_dim], tf.constant(constant, dtype))
     if info.vocab * info.dim * dtype.size > WHOLE_TABLE_INIT_BYTES:
         try:
             by_row = key_init.KeyInitializer(initializer, info.name, info.dim, info.vocab, dtype)
@@ -166,7 +184,8 @@ def shard_initial_value(initializer: Callable, info: ShardInfo, dtype: tf.DType)
             logger.warning("table %s (%d x %d) is initialised whole on every worker: its initializer %r cannot "
                            "give each row its own value", info.name, info.vocab, info.dim, initializer)
         else:
-            return by_row(info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64)))
+            rows = by_row(info.layout.global_row(tf.range(info.local_rows, dtype=tf.int64)))
+            return info.layout.local_part(rows) if info.column_wise else rows
     whole = tf.convert_to_tensor(_call_initializer(initializer, [info.vocab, info.dim], dtype, info.logical_shape),
                                  dtype)
     return info.layout.local_part(whole)

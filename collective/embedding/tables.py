@@ -189,7 +189,9 @@ def _tag_slot(slot: tf.Variable, table: tf.Variable) -> tf.Variable:
     name = slot.op.name if not tf.executing_eagerly() else slot.name.split(":")[0]
     # The product of the trailing dims (a table-wise table's rank that holds no rows has slots of 0 rows).
     width = int(functools.reduce(lambda a, b: a * b, slot.shape.as_list()[1:], 1)) if slot.shape.is_fully_defined() \
-        else info.dim
+        else info.local_dim
+    if info.column_wise and width == info.local_dim:
+        width = info.dim  # a slot sliced as its table is: the same logical width
     return tag(slot, dataclasses.replace(info, name=name, dim=width))
 
 
@@ -321,7 +323,7 @@ def sharding_creator(ctx: "Context", replicate_below_bytes: int):
         if info is None:
             return next_creator(**kwargs)
         local_value = _local_initial_value(initial_value, info, dtype)
-        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, info.dim]),
+        kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, info.local_dim]),
                       dtype=dtype)
         with creating_shard(info):
             var = next_creator(**kwargs)
@@ -382,7 +384,7 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):
-            var = getter(name, shape=[info.local_rows, info.dim], dtype=dtype,
+            var = getter(name, shape=[info.local_rows, info.local_dim], dtype=dtype,
                          initializer=local_initializer, partitioner=None, **kwargs)
         return tag(var, info)
 

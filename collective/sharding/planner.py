@@ -11,7 +11,7 @@ Defaults (what each API did before the plan existed):
   ``replicated``: whole on every rank, served by the ``replicated`` exchange;
 - otherwise ``row_wise``.
 
-A ``row_wise`` or ``table_wise`` table is served by the strategy's backend,
+A ``row_wise``, ``table_wise`` or ``column_wise`` table is served by the strategy's backend,
 or by ``hb`` when that backend is ``replicated`` (which serves whole tables
 only). ``table_wise`` comes from overrides only: each such table goes to the
 least loaded rank with room (:meth:`CostModel.load`), in the order tables are made.
@@ -34,8 +34,9 @@ from collective.sharding.plan import KEY_SPACES, PLACEMENTS, PlanError, Sharding
 APIS = ("scope", "sok")
 # The exchange that serves sharded tables when the step's backend serves whole tables only.
 SHARDED_FALLBACK = "hb"
-# Placements each kind of table can have today (column_wise and SOK's own tables but row_wise are not built yet).
-BUILT = {("dense", "scope"): ("replicated", "row_wise", "table_wise"), ("dense", "sok"): ("row_wise",),
+# Placements each kind of table can have today (column_wise of hash tables and SOK's own tables but row_wise are
+# not built yet).
+BUILT = {("dense", "scope"): ("replicated", "row_wise", "table_wise", "column_wise"), ("dense", "sok"): ("row_wise",),
          ("hash", "scope"): ("row_wise", "table_wise"), ("hash", "sok"): ("row_wise",)}
 ID_BYTES = 8
 USER = "chosen by the user"
@@ -98,7 +99,8 @@ class CostModel:
 
         ``row_wise`` and ``table_wise``: each id not held locally goes to its owner and its vector comes back,
         and its gradient goes back again (``(N - 1) / N`` of the lookups). ``replicated``: every worker's ids
-        and gradient rows are allgathered (each reaches ``N - 1`` others).
+        and gradient rows are allgathered (each reaches ``N - 1`` others). ``column_wise``: every id is
+        allgathered, and the ``(N - 1) / N`` of each row held elsewhere comes back and its gradient goes back.
         """
         lookups = self.global_batch_size * (spec.ids_per_sample or self.ids_per_sample)
         row = spec.dim * dtype_bytes(spec.dtype)
@@ -106,6 +108,8 @@ class CostModel:
             return 0.0
         if placement == "replicated":
             return sent_bytes("allgather", lookups * (ID_BYTES + row), n)  # linear: all workers' inputs at once
+        if placement == "column_wise":
+            return sent_bytes("allgather", lookups * ID_BYTES, n) + lookups * 2 * row * (n - 1) / n
         return lookups * (ID_BYTES + 2 * row) * (n - 1) / n
 
     def load(self, spec: TableSpec, n: int) -> float:
@@ -229,6 +233,9 @@ def _overridden(spec: TableSpec, wanted: str, world: World, backend: str, load: 
     if wanted == "row_wise" and spec.rows < n:
         raise PlanError(where + f"needs at least one row per worker: {spec.rows} rows on {n} workers; use "
                                 "replicated")
+    if wanted == "column_wise" and spec.dim < n:
+        raise PlanError(where + f"needs at least one column per worker: dim {spec.dim} on {n} workers; use "
+                                "row_wise or replicated")
     ranks = tuple(range(n))
     if wanted == "table_wise":
         ranks = (_table_rank(spec, world, load, held, overrides),)

@@ -22,7 +22,8 @@ def shard_info(table: TablePlan, rank: int, world_size: int, name: Optional[str]
     """Rank ``rank``'s shard of the planned ``table``."""
     holder = table.ranks[0] if table.placement == "table_wise" else None
     return ShardInfo(name=name or table.name, vocab=table.rows, dim=table.dim, rank=rank, world_size=world_size,
-                     hash_index=hash_index, replicated=table.placement == "replicated", holder=holder)
+                     hash_index=hash_index, replicated=table.placement == "replicated", holder=holder,
+                     column_wise=table.placement == "column_wise")
 
 
 def place(spec: TableSpec, replicate_below_bytes: Optional[int] = None, hash_index: Any = None) -> ShardInfo:

@@ -82,17 +82,20 @@ def make_optimizer(name: str, train=tf.compat.v1.train):
     raise ValueError(name)
 
 
-def build_training(optimizer_name: str, strategy=None, with_small: bool = False):
+def build_training(optimizer_name: str, strategy=None, with_small: bool = False, small_in_scope: bool = False):
     """Builds the model on placeholders; returns (loss, train_op, tables, dense_vars, feed).
 
-    ``with_small`` adds a 2-row table outside ``embedding_scope()`` (the last of ``dense_vars``).
+    ``with_small`` adds a 2-row table outside ``embedding_scope()`` (the last of ``dense_vars``), or inside it
+    with ``small_in_scope`` (where an override can place it).
     """
-    embedding_scope = strategy.embedding_scope() if strategy is not None else contextlib.nullcontext()
+    def embedding_scope():
+        return strategy.embedding_scope() if strategy is not None else contextlib.nullcontext()
+
     dense_ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
     sp_ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, 3])
     sp_weights = tf.compat.v1.sparse_placeholder(tf.float32, [None, 3])
     labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    with embedding_scope:
+    with embedding_scope():
         t1 = tf.compat.v1.get_variable("t1", [VOCAB, DIM], initializer=tf.compat.v1.constant_initializer(
             table_values(1)))
         t2 = tf.compat.v1.get_variable("t2", [VOCAB, DIM], initializer=tf.compat.v1.constant_initializer(
@@ -103,8 +106,10 @@ def build_training(optimizer_name: str, strategy=None, with_small: bool = False)
     if with_small:
         # A small table a user keeps out of embedding_scope: replicated, with a sparse gradient that workers
         # average by allgather, or by one allreduce of dense sums where that sends less (3 workers: 2 rows < 3).
-        small = tf.compat.v1.get_variable("small", [2, DIM], initializer=tf.compat.v1.constant_initializer(
-            table_values(3)[:2]))
+        small_scope = embedding_scope() if small_in_scope else contextlib.nullcontext()
+        with small_scope:
+            small = tf.compat.v1.get_variable("small", [2, DIM], initializer=tf.compat.v1.constant_initializer(
+                table_values(3)[:2]))
         inputs.append(tf.nn.embedding_lookup(small, dense_ids[:, 0] % 2))
     width = DIM * (len(inputs) + 1)
     w = tf.compat.v1.get_variable("w", [width, 1], initializer=tf.compat.v1.constant_initializer(
@@ -141,11 +146,13 @@ def sparse_value(rows, values, batch):
     return tf.compat.v1.SparseTensorValue(np.stack([rows, cols], 1).astype(np.int64), values, [batch, 3])
 
 
-def train(optimizer_name: str, batches, strategy=None, with_small: bool = False, save_to=None):
+def train(optimizer_name: str, batches, strategy=None, with_small: bool = False, save_to=None,
+          small_in_scope: bool = False):
     """Runs the model over ``batches``; returns losses, final tables and dense weights (saved to ``save_to``
     with collective's Saver when given)."""
     with tf.Graph().as_default():
-        loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy, with_small)
+        loss, train_op, tables, dense_vars, feed = build_training(optimizer_name, strategy, with_small,
+                                                                  small_in_scope)
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
             losses = [sess.run([loss, train_op], feed(batch))[0] for batch in batches]

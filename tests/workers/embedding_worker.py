@@ -110,6 +110,22 @@ def run(backend):
                     optimizers[-1], strategy, prefix)
             results["tw_recorded"] = np.array([manifest.read_plan(prefix)[t].placement for t in ("t1", "t2")])
 
+    if backend in ("hb", "sok") and optimizers:
+        # Column-wise tables (issue 43): each rank holds a slice of every row's dims (4 dims: 2, 1, 1 on 3
+        # workers), "small" (2 rows) with fewer rows than 3 workers; Adam's slots sliced the same way. Under hb
+        # also saved: the checkpoint holds the logical tables (the slots' round trip: test_checkpoint's chain).
+        column_wise = CollectiveStrategy(backend, sharding={t: "column_wise" for t in ("t1", "t2", "small")})
+        prefix = os.path.join(out_dir, "cw", "model.ckpt") if backend == "hb" and n > 1 else None
+        with column_wise.scope():
+            losses, tables, dense_vars = cases.train(optimizers[-1], batches, column_wise, with_small=True,
+                                                     save_to=prefix, small_in_scope=True)
+        results["cw_losses"], (results["cw_t1"], results["cw_t2"]) = losses, tables
+        results["cw_w"], results["cw_b"], results["cw_small"] = dense_vars
+        results["cw_placements"] = np.array([column_wise.plan[t].placement for t in ("t1", "t2", "small")])
+        if prefix is not None:
+            for name in ("t1", "t2", "small"):
+                results[f"cw_saved_{name}"] = tf.train.load_variable(prefix, name)
+
     os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
     np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)
 

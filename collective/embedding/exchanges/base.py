@@ -256,10 +256,10 @@ class Exchange(abc.ABC):
     name: ClassVar[str]
 
     def group_key(self, p: Prepared) -> Hashable:
-        """Requests with equal keys share one exchange. Default: same dtype, width and holder (a table-wise
-        table's rank: one group routes by one layout); hash tables alone."""
+        """Requests with equal keys share one exchange. Default: same dtype, width and layout (a table-wise
+        table's rank, column-wise or not: one group routes by one layout); hash tables alone."""
         alone = id(p.req.table) if p.info.hash_index is not None else None
-        return (p.dtype, p.info.dim, alone, p.info.holder)
+        return (p.dtype, p.info.dim, alone, p.info.holder, p.info.column_wise)
 
     @abc.abstractmethod
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:

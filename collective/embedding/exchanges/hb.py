@@ -5,7 +5,8 @@ combined alike, share the two alltoalls. Each lookup's ids are
 deduplicated (tagged by lookup, so the group's keys are distinct), only the
 distinct rows cross the wire and are gathered, and combiners run on the
 rank that asked: over the distinct vectors with TensorFlow's sorted
-segment reduction where TensorFlow's lookup does so.
+segment reduction where TensorFlow's lookup does so. Column-wise tables
+send the same distinct ids through :mod:`.column_wise` instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import List
 import tensorflow as tf
 
 from collective.embedding.exchanges.base import Exchange, Prepared, distinct, fetch_from_owners, finish_distinct
+from collective.embedding.exchanges.column_wise import fetch_slices
 
 
 class HbExchange(Exchange):
@@ -24,5 +26,6 @@ class HbExchange(Exchange):
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
         found = [distinct(p.ids) for p in group]
-        vectors = fetch_from_owners(group, [ids for ids, _ in found])
+        fetch = fetch_slices if group[0].info.column_wise else fetch_from_owners
+        vectors = fetch(group, [ids for ids, _ in found])
         return [finish_distinct(p, v, index) for p, v, (_, index) in zip(group, vectors, found)]

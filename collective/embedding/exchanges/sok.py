@@ -12,6 +12,8 @@
   allgather of batch sizes.
 - Plain lookups (``All2AllDenseEmbedding``): bucket by owner, alltoall,
   gather, alltoall back, without deduplication.
+- Column-wise tables, plain and combined: every id's slices from every rank
+  (:mod:`.column_wise`), without deduplication, combined on the rank that asked.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collective import comm
 from collective.embedding import combiners
 from collective.embedding.exchanges.base import Exchange, Prepared, fetch_from_owners, finish, owned_rows, \
     tagged_keys
+from collective.embedding.exchanges.column_wise import fetch_slices
 
 
 class SokExchange(Exchange):
@@ -32,11 +35,13 @@ class SokExchange(Exchange):
     name = "sok"
 
     def group_key(self, p: Prepared) -> Hashable:
-        if p.req.plain:
+        if p.req.plain or p.info.column_wise:
             return ("alltoall",) + super().group_key(p)
         return ("allgather", p.dtype, id(p.req.table) if p.info.hash_index is not None else None, p.info.holder)
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
+        if group[0].info.column_wise:
+            return [finish(p, v) for p, v in zip(group, fetch_slices(group, [p.ids for p in group]))]
         if group[0].req.plain:
             return [finish(p, v) for p, v in zip(group, fetch_from_owners(group, [p.ids for p in group]))]
         return _combine_where_held(group)
