@@ -48,6 +48,8 @@ HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
 TABLE_WISE_CELLS = {("hb", 3, False), ("sok", 2, False), ("hb", 2, True), ("sok", 3, True)}
 # SOK's own tables (its layers' variables) are row-wise only: the override leaves them.
 SOK_TABLES = ("sok_dense", "sok_sparse", "sok_hash_dense", "sok_hash_sparse", "sok_table")
+# A table made outside embedding_scope() is an ordinary (replicated) variable: the plan never places it.
+NOT_PLANNED = ("outside_scope",)
 
 
 def sharding_for(backend: str, n: int, tf1: bool = False):
