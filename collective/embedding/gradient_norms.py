@@ -14,7 +14,8 @@ Every lookup made in ``CollectiveStrategy.scope()`` records itself
 scope, :func:`attaching`) then attaches to each sparse gradient it returns
 the squared norm one process's gradient of that variable would have
 (:func:`attach`), built into the graph only when a norm first asks for it (a
-program that never clips pays nothing), and :func:`global_norm` (installed as
+program that never clips pays nothing; ``apply_gradients``' averaging of a
+gradient carries it over, :func:`carry`), and :func:`global_norm` (installed as
 ``tf.linalg.global_norm``, which ``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
 gradient (a regularizer made it dense) counts all workers' rows. TensorFlow's
 own global norm of such a gradient (a clip outside the scope) is refused
@@ -90,6 +91,19 @@ def attach(loss, pairs) -> None:
             dense = tf.convert_to_tensor(grad)
             attached[dense.ref()] = functools.partial(_allreduced_square_norm, dense)
             owners[dense.ref()] = getattr(var, "name", "?")
+
+
+def carry(grad, averaged) -> None:
+    """``averaged`` (``grad`` averaged over workers, a new tensor) carries the norm attached to ``grad``, if any.
+
+    ``tf.gradients`` attaches its norms before ``apply_gradients`` averages, so a replicated variable's averaged
+    gradient, clipped there (Keras' ``global_clipnorm``), must find the norm one process's would have.
+    """
+    old, new = (g.values if isinstance(g, tf.IndexedSlices) else g for g in (grad, averaged))
+    if not _is_attached(old) or not hasattr(new, "graph"):
+        return
+    _attached.setdefault(new.graph, {})[new.ref()] = _attached[old.graph][old.ref()]
+    _owners.setdefault(new.graph, {})[new.ref()] = _owners.get(old.graph, {}).get(old.ref(), "?")
 
 
 def attaching(owner, attribute: str):

@@ -158,7 +158,8 @@ def average_gradients(grads_and_vars) -> List[tuple]:
 
     Gradients of sharded tables and their slots are left as they are (the
     exchange made them one process's); gradients averaged before, or computed
-    from averaged ones, are not averaged again.
+    from averaged ones, are not averaged again. An averaged sparse gradient
+    keeps the one-process norm attached to it (:func:`gradient_norms.carry`).
     """
     pairs = list(grads_and_vars)
     n = comm.world_size()
@@ -171,10 +172,11 @@ def average_gradients(grads_and_vars) -> List[tuple]:
             continue
         if isinstance(grad, tf.IndexedSlices) and _dense_is_cheaper(grad, var, n):
             pairs[i] = (_averaged_as_dense(grad, var, n), var)
-            averaged.append(pairs[i][0])
         elif isinstance(grad, tf.IndexedSlices):
             values, indices = comm.allgather(grad.values), comm.allgather(grad.indices)
             pairs[i] = (tf.IndexedSlices(values / n, indices, grad.dense_shape), var)
+        if isinstance(grad, tf.IndexedSlices):
+            gradient_norms.carry(grad, pairs[i][0])
             averaged.append(pairs[i][0])
         else:
             dense_at.append(i)
