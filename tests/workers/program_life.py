@@ -350,6 +350,15 @@ def _step_of(checkpoint: str) -> int:
     return int(checkpoint.rsplit("-", 1)[1])
 
 
+def require_trained(initial: Dict[str, np.ndarray], now: Dict[str, np.ndarray], steps: int) -> None:
+    """Raises unless every table (hash tables aside) and dense weight of the plain process moved: a program whose
+    one process trains nothing compares untrained models and cannot fail on training."""
+    still = sorted(k for k in initial if np.array_equal(initial[k], now[k]))
+    if still:
+        raise RuntimeError(f"the plain process trained nothing into {still} in {steps} steps: its optimizer's "
+                           "update never ran, so this program cannot fail on training; draw a program that trains")
+
+
 def plain_life(program: dict, model_dir: str) -> Dict[str, np.ndarray]:
     """The one plain process's life on the global batches (see the module docstring)."""
     life1, life2 = _read_record(model_dir, "life1.json"), _read_record(model_dir, "life2.json")
@@ -365,6 +374,8 @@ def plain_life(program: dict, model_dir: str) -> Dict[str, np.ndarray]:
         built = _Built(program, None, pc.has_global_step(program))
         with tf.compat.v1.Session() as sess:
             sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+            trained = {k: v for k, v in built.fetch.items() if k.startswith(("table/", "dense/"))}
+            initial = sess.run(trained)
             losses = []
             for i in range(total_steps(program)):
                 feed = built.feed(pc.plain_feed_batch(program, pc.global_batch(program, i)))
@@ -376,6 +387,7 @@ def plain_life(program: dict, model_dir: str) -> Dict[str, np.ndarray]:
                     out.update(_compare_checkpoint(sess, built, program, checkpoint, hash_names, tag))
                 if i + 1 == first_steps(program):
                     out.update({f"life1/{k}": v for k, v in sess.run(built.fetch).items()})
+                    require_trained(initial, sess.run(trained), i + 1)
                 if program.get("resume") and i + 1 == first_steps(program) + RESUMED:
                     out["serve1"] = sess.run(built.model.prediction, built.feed(serve))
             if program.get("resume"):
