@@ -111,10 +111,10 @@ def test_sharding_overrides_reach_every_face_and_a_bad_one_is_refused_naming_the
     assert isinstance(from_env.plan, ShardingPlan) and from_env.plan["scope/user"].reason == "chosen by the user"
     monkeypatch.delenv("COLLECTIVE_SHARDING")
 
-    with pytest.raises(PlanError, match="table 'wide': placement 'column_wise' is not built"):
-        bad = CollectiveStrategy(sharding={"wide": "column_wise"})
-        with bad.scope(), tf.Graph().as_default(), bad.embedding_scope():
-            tf.compat.v1.get_variable("wide", [6, 2])
+    with pytest.raises(PlanError, match="table 'sok_wide': placement 'column_wise' is not built for a SOK table"):
+        bad = CollectiveStrategy(sharding={"sok_wide": "column_wise"})
+        with bad.scope(), tf.Graph().as_default():
+            sok.Variable(shape=[8, 2], name="sok_wide")
     with pytest.raises(PlanError, match="table 'nope': unknown placement 'upside_down'"):
         CollectiveStrategy(sharding={"nope": "upside_down"})
     typo = CollectiveStrategy(sharding={"scope/usr": "replicated"})
