@@ -80,6 +80,8 @@ class Context:
       replicate_below_bytes: tables smaller than this stay replicated
         (``COLLECTIVE_REPLICATE_BELOW_BYTES``; 0 shards every table with at
         least ``world_size`` rows).
+      packing: whether lookups of tables of one width share one unique and one combine (``COLLECTIVE_PACKING``:
+        ``0``, the default, or ``1``; docs/packing.md).
       hb_comm_default: HybridBackend's ``HB_COMM_DEFAULT`` as given.
       hb_comm_pool_capacity: HybridBackend's ``HB_COMM_POOL_CAPACITY`` as given.
       gpus: the GPUs this process sees (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``).
@@ -93,6 +95,7 @@ class Context:
     backend: str = "hb"
     kernels: str = "tf"
     replicate_below_bytes: int = 0
+    packing: bool = False
     hb_comm_default: str = "NCCL"
     hb_comm_pool_capacity: int = 1
     local_source: str = devices.ASSUMED_ONE_HOST
@@ -171,6 +174,7 @@ class Context:
             backend=_backend(env),
             kernels=kernels,
             replicate_below_bytes=_nonnegative_int(env, "COLLECTIVE_REPLICATE_BELOW_BYTES", 0),
+            packing=_choice(env, "COLLECTIVE_PACKING", ("0", "1"), "0") == "1",
             hb_comm_default=env.get("HB_COMM_DEFAULT", "NCCL"),
             hb_comm_pool_capacity=_first_int(env, ("HB_COMM_POOL_CAPACITY",), 1),
         )

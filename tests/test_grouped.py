@@ -102,3 +102,21 @@ def test_training_through_a_grouped_lookup_matches_one_process(grouped_run, refe
             np.testing.assert_allclose(res[r][f"train_table_{i}"], held(table, backend, r, n), rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(res[r]["train_w"], w, rtol=1e-4, atol=1e-6)
     assert not np.allclose(tables[0], cases.table_values(0, *tables[0].shape))
+
+
+def test_packed_hb_lookups_equal_the_unpacked_ones_with_one_unique_per_pack(grouped_run):
+    """docs/packing.md stage 1 (COLLECTIVE_PACKING=1): ta, tb and td (dim 4, sum) share one unique and one
+    combine; tc (dim 3) is alone. Values and table gradients are bitwise the unpacked path's."""
+    backend, n, res = grouped_run
+    if backend != "hb":
+        return  # packing serves hb's exchange (and world size 1, tests/test_packing.py)
+    for r in range(n):
+        features, _ = cases.local_batch(0, r, n)
+        for i, ((rows, ids, _), (_, vocab, dim, _, _)) in enumerate(zip(features, cases.TABLES)):
+            expected = combine(cases.table_values(i, vocab, dim), rows, ids, np.ones(ids.size, np.float32),
+                               cases.BATCH // n, "sum")
+            np.testing.assert_allclose(res[r][f"packed:unpacked_{i}"], expected, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(res[r][f"packed:packed_{i}"], res[r][f"packed:unpacked_{i}"])
+            np.testing.assert_array_equal(res[r][f"packed:packed_grad_{i}"], res[r][f"packed:unpacked_grad_{i}"])
+            assert res[r][f"packed:unpacked_grad_{i}"].any()
+        assert (int(res[r]["packed:unpacked_uniques"]), int(res[r]["packed:packed_uniques"])) == (4, 2)

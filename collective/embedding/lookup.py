@@ -17,9 +17,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from collective import context
-from collective.embedding import exchanges, gradient_norms
+from collective.embedding import exchanges, gradient_norms, packing
 from collective.embedding.combiners import pad_rows
-from collective.embedding.exchanges.base import Exchange, Prepared, Request, prepare, serve_locally
+from collective.embedding.exchanges.base import Exchange, Prepared, Request, prepare, rows_of_keys, serve_locally
 from collective.embedding.table import ShardInfo, shard_of
 from collective.sharding import planner
 
@@ -57,18 +57,31 @@ def run(requests: Sequence[Request], backend: Optional[str] = None) -> List[tf.T
     prepared = [prepare(req) for req in requests]
     outputs: List[Optional[tf.Tensor]] = [None] * len(prepared)
     groups: Dict[Tuple, List[int]] = {}
+    local: Dict[Tuple, List[int]] = {}
+    packs = packing.enabled()
     for i, p in enumerate(prepared):
         if p.info.world_size == 1:
-            outputs[i] = serve_locally(p)
+            if packs and packing.packable(p):
+                local.setdefault((p.dtype, p.info.dim), []).append(i)
+            else:
+                outputs[i] = serve_locally(p)
             continue
         exchange = exchange_for(p, backend)
         groups.setdefault((exchange.name, exchange.group_key(p)), []).append(i)
+    for indices in local.values():
+        served = packing.serve_groups([prepared[i] for i in indices], _serve_each_locally, rows_of_keys)
+        for i, out in zip(indices, served):
+            outputs[i] = out
     for (name, _), indices in groups.items():
         for i, out in zip(indices, exchanges.get(name).exchange([prepared[i] for i in indices])):
             outputs[i] = out
     for p, out in zip(prepared, outputs):
         gradient_norms.record(p.req.table, out, p.req.combiner)
     return outputs
+
+
+def _serve_each_locally(group: Sequence[Prepared]) -> List[tf.Tensor]:
+    return [serve_locally(p) for p in group]
 
 
 @tf.autograph.experimental.do_not_convert

@@ -1,7 +1,8 @@
 """Grouped lookups and feature columns under CollectiveStrategy; writes rank<r>.npz.
 
 One launch serves tests/test_grouped.py and tests/test_feature_columns.py
-(keys ``columns:*`` are the feature-column results).
+(keys ``columns:*`` are the feature-column results; ``packed:*``, under
+``hb`` only, the same unweighted lookups with lookup-side packing off and on).
 
 argv: out_dir backend[,backend...]; one launch serves every backend (results under
 out_dir/<backend>/).
@@ -16,6 +17,7 @@ import tensorflow as tf
 import columns_cases
 import grouped_cases as cases
 from collective import CollectiveStrategy, comm
+from collective.embedding import packing
 from collective.embedding.lookup import lookup_sparse_group
 
 out_dir, backends = sys.argv[1], sys.argv[2].split(",")
@@ -23,6 +25,26 @@ out_dir, backends = sys.argv[1], sys.argv[2].split(",")
 
 def group(tables, ids, weights, combiners):
     return lookup_sparse_group(tables, ids, weights, combiners)
+
+
+def packed_lookups(strategy, features, batch):
+    """Unweighted sum lookups of every table, packing off and on: values, dense table gradients, op counts."""
+    results = {}
+    for label, on in (("unpacked", False), ("packed", True)):
+        with tf.Graph().as_default() as graph, packing.using(on):
+            tables = cases.make_tables(strategy)
+            ids, _ = cases.placeholders()
+            outputs = lookup_sparse_group(tables, ids, None, ["sum"] * len(tables))
+            objective = tf.add_n([tf.reduce_sum(o * tf.cos(tf.cast(tf.range(tf.size(o)), o.dtype)))
+                                  for o in [tf.reshape(o, [-1]) for o in outputs]])
+            grads = [tf.convert_to_tensor(g) for g in tf.gradients(objective, tables)]
+            results[f"{label}_uniques"] = sum(op.type == "UniqueWithCounts" for op in graph.get_operations())
+            with tf.compat.v1.Session() as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                values = sess.run(outputs + grads, cases.feed_dict(ids, [None] * len(tables), features, batch))
+            for i in range(len(tables)):
+                results[f"{label}_{i}"], results[f"{label}_grad_{i}"] = values[i], values[len(tables) + i]
+    return results
 
 
 def run(backend):
@@ -63,6 +85,10 @@ def run(backend):
                 sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
                 for i, value in enumerate(sess.run(padded, cases.feed_dict(ids, weights, short, batch))):
                     results[f"padded_{i}"] = value
+
+        if backend == "hb":
+            for key, value in packed_lookups(strategy, features, cases.BATCH // n).items():
+                results[f"packed:{key}"] = value
 
         batches = [cases.local_batch(step, r, n) for step in range(cases.STEPS)]
         losses, tables, w = cases.train(batches, strategy, group)

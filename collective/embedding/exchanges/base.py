@@ -234,20 +234,25 @@ def split_by_request(vectors: tf.Tensor, ids: Sequence[tf.Tensor]) -> List[tf.Te
 
 
 def fetch_from_owners(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    """One vector per id of ``ids`` (one int64 vector per request of ``group``), from the ranks that hold them.
+    """One vector per id of ``ids`` (one int64 vector per request of ``group``), from the ranks that hold them
+    (:func:`fetch_keys`)."""
+    return split_by_request(fetch_keys(group, tagged_keys(ids)), ids)
 
-    Route: ids bucketed by owner, one alltoall. Look up: each owner gathers its rows. Return: one alltoall
+
+def fetch_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
+    """One vector per key of ``keys`` (:func:`tagged_keys` of ``group``), from the ranks that hold them.
+
+    Route: keys bucketed by owner, one alltoall. Look up: each owner gathers its rows. Return: one alltoall
     of vectors, back in order.
     """
     n = group[0].info.world_size
-    keys = tagged_keys(ids)
     owner = group[0].info.layout.owner(keys // len(group) if len(group) > 1 else keys)
     # A stable sort by owner: the positions of each owner's keys, owners in rank order.
     order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), owner, n), axis=0)
     splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
     received, received_splits = comm.alltoall(tf.gather(keys, order), splits)
     returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
-    return split_by_request(tf.gather(returned, tf.math.invert_permutation(order)), ids)
+    return tf.gather(returned, tf.math.invert_permutation(order))
 
 
 class Exchange(abc.ABC):

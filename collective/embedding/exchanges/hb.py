@@ -15,7 +15,9 @@ from typing import List
 
 import tensorflow as tf
 
-from collective.embedding.exchanges.base import Exchange, Prepared, distinct, fetch_from_owners, finish_distinct
+from collective.embedding import packing
+from collective.embedding.exchanges.base import (Exchange, Prepared, distinct, fetch_from_owners, fetch_keys,
+                                                 finish_distinct)
 from collective.embedding.exchanges.column_wise import fetch_slices
 
 
@@ -25,6 +27,11 @@ class HbExchange(Exchange):
     name = "hb"
 
     def exchange(self, group: List[Prepared]) -> List[tf.Tensor]:
+        if packing.enabled() and not group[0].info.column_wise:
+            return packing.serve_groups(group, self._unpacked, fetch_keys)
+        return self._unpacked(group)
+
+    def _unpacked(self, group: List[Prepared]) -> List[tf.Tensor]:
         found = [distinct(p.ids) for p in group]
         fetch = fetch_slices if group[0].info.column_wise else fetch_from_owners
         vectors = fetch(group, [ids for ids, _ in found])
