@@ -15,6 +15,9 @@ the tables), Adagrad. Variants:
   it: one lookup, unique, gather, combine, gradient and update per table.
 - ``per_table_variables``: the same through ``get_variable`` tables and
   ``lookup_sparse_group`` (the zoo's ``variables`` API).
+- ``per_table_packing``, ``per_table_variables_packing``: the two above
+  with ``COLLECTIVE_PACKING=1`` (collective's lookup-side packing, stage 1
+  of docs/packing.md: one unique and one combine per group of lookups).
 - ``plain_tf``: the feature-column program without collective (tuned TF:
   Grappler's arithmetic optimizer off), the baseline users run.
 - ``packed_ids``: by hand, packing of the lookup side only (what the
@@ -41,11 +44,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import logging
+import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -57,7 +62,8 @@ from datasets.synthetic.generate import cardinalities, zipf_ranks
 ZIPF_EXPONENT = 1.05
 SEED = 7
 BATCHES = 8  # distinct batches cycled through (held in a local variable: no feeding, no input pipeline)
-VARIANTS = ("per_table", "per_table_variables", "plain_tf", "packed_ids", "packed")
+VARIANTS = ("per_table", "per_table_variables", "per_table_packing", "per_table_variables_packing", "plain_tf",
+            "packed_ids", "packed")
 # The op types that say how the lookups and updates were built.
 KEY_OPS = ("UniqueWithCounts", "Unique", "ResourceGather", "GatherV2", "SparseSegmentSum", "UnsortedSegmentSum",
            "SegmentSum", "ResourceSparseApplyAdagrad", "Assert", "DynamicPartition", "DynamicStitch")
@@ -193,6 +199,24 @@ def packed_ids_lookup(batch_ids: tf.Tensor, vocabs: Sequence[int], dim: int, sco
     return tf.reshape(combined, [-1, features, dim])
 
 
+@contextlib.contextmanager
+def packing_env(on: bool) -> Iterator[None]:
+    """``COLLECTIVE_PACKING`` set to ``1`` or ``0`` for the block (collective reads it when lookups are built)."""
+    from collective import context  # pylint: disable=import-outside-toplevel
+
+    previous = os.environ.get("COLLECTIVE_PACKING")
+    os.environ["COLLECTIVE_PACKING"] = "1" if on else "0"
+    context.reset()
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["COLLECTIVE_PACKING"]
+        else:
+            os.environ["COLLECTIVE_PACKING"] = previous
+        context.reset()
+
+
 def build(name: str, ids: np.ndarray, vocabs: Sequence[int], dim: int, learning_rate: float) -> Variant:
     """The variant ``name``'s step in a new graph."""
     graph = tf.Graph()
@@ -212,8 +236,8 @@ def build(name: str, ids: np.ndarray, vocabs: Sequence[int], dim: int, learning_
         else:
             from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
 
-            api = "variables" if name == "per_table_variables" else "feature_columns"
-            with CollectiveStrategy("hb").scope():
+            api = "variables" if name.startswith("per_table_variables") else "feature_columns"
+            with packing_env(name.endswith("_packing")), CollectiveStrategy("hb").scope():
                 loss = loss_of(*_zoo_layers(batch_ids, vocabs, dim, api, True), labels)
                 train_op = tf.compat.v1.train.AdagradOptimizer(learning_rate).minimize(loss)
         build_s = time.perf_counter() - started
