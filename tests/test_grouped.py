@@ -104,12 +104,12 @@ def test_training_through_a_grouped_lookup_matches_one_process(grouped_run, refe
     assert not np.allclose(tables[0], cases.table_values(0, *tables[0].shape))
 
 
-def test_packed_hb_lookups_equal_the_unpacked_ones_with_one_unique_per_pack(grouped_run):
-    """docs/packing.md stage 1 (COLLECTIVE_PACKING=1): ta, tb and td (dim 4, sum) share one unique and one
-    combine; tc (dim 3) is alone. Values and table gradients are bitwise the unpacked path's."""
-    backend, n, res = grouped_run
-    if backend != "hb":
-        return  # packing serves hb's exchange (and world size 1, tests/test_packing.py)
+@pytest.mark.parametrize("n", WORKERS)
+def test_packed_hb_lookups_equal_the_unpacked_ones_with_one_unique_per_pack(n):
+    """docs/packing.md stage 1 (COLLECTIVE_PACKING=1, served by hb's exchange and at world size 1): ta, tb and
+    td (dim 4, sum) share one unique and one combine; tc (dim 3) is alone. Values and table gradients are
+    bitwise the unpacked path's. Reads the hb results of the grouped launch the other tests share."""
+    res = grouped_results("hb", n)
     for r in range(n):
         features, _ = cases.local_batch(0, r, n)
         for i, ((rows, ids, _), (_, vocab, dim, _, _)) in enumerate(zip(features, cases.TABLES)):
