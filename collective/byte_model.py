@@ -51,12 +51,13 @@ def cross_host_ids(ids_by_rank: Sequence[Any], owner: Callable[[np.ndarray], np.
     held on another host. Hierarchical (:mod:`collective.embedding.exchanges.hierarchical`): every host's
     distinct ids held on another host, once per host.
     """
-    host_of = {r: h for h, ranks in enumerate(hosts) for r in ranks}
-    groups = [list(ranks) for ranks in hosts] if hierarchical else [[r] for r in host_of]
+    host_of = np.zeros(sum(len(ranks) for ranks in hosts), np.int64)
+    for h, ranks in enumerate(hosts):
+        host_of[list(ranks)] = h
+    groups = [list(ranks) for ranks in hosts] if hierarchical else [[r] for r in range(len(host_of))]
     crossing = 0
     for ranks in groups:
         asked = np.unique(np.concatenate([np.asarray(ids_by_rank[r], np.int64).reshape(-1) for r in ranks]))
-        owners = np.asarray(owner(asked))
-        here = host_of[ranks[0]]
-        crossing += int(sum(host_of[int(o)] != here for o in owners))
+        owners = np.asarray(owner(asked), np.int64)
+        crossing += int(np.count_nonzero(host_of[owners] != host_of[ranks[0]]))
     return crossing

@@ -57,8 +57,9 @@ def init() -> None:
 
 
 class HostGroup:
-    """This worker's host in a job that crosses hosts hierarchically: the job's :class:`~collective.runtime.hostmap.HostMap`
-    and the Horovod process set of this host's ranks (for :func:`alltoall`'s ``within_host``)."""
+    """This worker's host in a job that crosses hosts hierarchically: the job's
+    :class:`~collective.runtime.hostmap.HostMap` and the Horovod process set of this host's ranks (for
+    :func:`alltoall`'s ``within_host``)."""
 
     def __init__(self, hosts: hostmap.HostMap, process_set):
         self.hosts = hosts

@@ -37,7 +37,9 @@ def fetch_through_hosts(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> 
         return layout.owner(keys // count if count > 1 else keys)
 
     keys = tagged_keys(ids)
-    relays = comm._unfoldable(tf.constant(np.array(host.hosts.relays(comm.rank()), np.int32)))  # pylint: disable=protected-access
+    # Each host's relays differ: a constant Grappler must not fold (comm.rank_tensor's reason).
+    relays = comm._unfoldable(  # pylint: disable=protected-access
+        tf.constant(np.array(host.hosts.relays(comm.rank()), np.int32)))
     sent, order, splits = _by_destination(keys, tf.gather(relays, owner(keys)), len(host.ranks))
     relayed, relayed_splits = comm.alltoall(sent, splits, within_host=True)
 
