@@ -24,6 +24,11 @@ def launch_command(workers: int, module: str, *args: str, preload: bool = False)
     return [sys.executable, "-m", "collective.launch", "-n", str(workers), *forked, "-m", module, *args]
 
 
+def hosts_command(hosts: str, module: str, *args: str) -> List[str]:
+    """The command that runs ``python -m module args`` on the workers of ``hosts`` (``--hosts``, docs/hosts.md)."""
+    return [sys.executable, "-m", "collective.launch", "--hosts", hosts, "-m", module, *args]
+
+
 def worker_env(**extra: str) -> Dict[str, str]:
     """This process's environment with the repository on ``PYTHONPATH``, TensorFlow's C++ INFO lines off, and
     ``extra``."""

@@ -16,7 +16,9 @@ projection use the same functions, so measured and projected bytes agree.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 _FACTORS = {  # op -> (numerator, denominator) as functions of N
     "allgather": (lambda n: n - 1, lambda n: 1),
@@ -38,3 +40,24 @@ def bytes_per_sample(sent_by_all_workers: float, global_samples: float) -> float
     the bytes all workers sent over some training steps (their counters summed, measuring collectives left
     out) divided by the samples of the global batches of those steps; NaN without samples."""
     return float(sent_by_all_workers) / global_samples if global_samples else float("nan")
+
+
+def cross_host_ids(ids_by_rank: Sequence[Any], owner: Callable[[np.ndarray], np.ndarray],
+                   hosts: Sequence[Sequence[int]], hierarchical: bool) -> int:
+    """Ids one row lookup step sends across hosts (each brings a vector back, and its gradient goes out again).
+
+    ``ids_by_rank``: the ids each rank looks up; ``owner``: the rank holding each id; ``hosts``: each host's
+    ranks. Flat (one all-to-all over all ranks, each rank's ids deduplicated): every rank's distinct ids
+    held on another host. Hierarchical (:mod:`collective.embedding.exchanges.hierarchical`): every host's
+    distinct ids held on another host, once per host.
+    """
+    host_of = np.zeros(sum(len(ranks) for ranks in hosts), np.int64)
+    for h, ranks in enumerate(hosts):
+        host_of[list(ranks)] = h
+    groups = [list(ranks) for ranks in hosts] if hierarchical else [[r] for r in range(len(host_of))]
+    crossing = 0
+    for ranks in groups:
+        asked = np.unique(np.concatenate([np.asarray(ids_by_rank[r], np.int64).reshape(-1) for r in ranks]))
+        owners = np.asarray(owner(asked), np.int64)
+        crossing += int(np.count_nonzero(host_of[owners] != host_of[ranks[0]]))
+    return crossing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import context
-from collective.runtime import devices
+from collective.runtime import devices, hostmap
 from collective.byte_model import sent_bytes
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 BYTES_COLLECTION = "collective_bytes_sent"
 _eager_counter: Optional[tf.Variable] = None
 _initialized = False
+_host_group: List["HostGroup"] = []
 
 
 def world_size() -> int:
@@ -51,6 +53,53 @@ def init() -> None:
                            f"{rank()} of {world_size()}; start workers with python -m collective.launch")
     _initialized = True
     _pin_gpu(devices.LocalRank(hvd.local_rank(), hvd.local_size(), devices.HOROVOD))
+    _make_host_group(hvd)
+
+
+class HostGroup:
+    """This worker's host in a job that crosses hosts hierarchically: the job's
+    :class:`~collective.runtime.hostmap.HostMap` and the Horovod process set of this host's ranks (for
+    :func:`alltoall`'s ``within_host``)."""
+
+    def __init__(self, hosts: hostmap.HostMap, process_set):
+        self.hosts = hosts
+        self.process_set = process_set
+        self.ranks = hosts.hosts[hosts.host_of(rank())]
+
+    @property
+    def local_rank(self) -> int:
+        return self.ranks.index(rank())
+
+
+def host_group() -> Optional[HostGroup]:
+    """This worker's :class:`HostGroup` when the exchanges cross hosts hierarchically, else None (one host, a
+    job not started with ``--hosts``, ``COLLECTIVE_HIERARCHICAL=0``, or no host with more than one worker)."""
+    init()
+    return _host_group[0] if _host_group else None
+
+
+def _make_host_group(hvd) -> None:
+    """Adds one Horovod process set per host (every rank adds all of them, in host order) when the planner says
+    a hierarchical exchange pays on this job's hosts; refuses a host map Horovod does not agree with."""
+    from collective.sharding import planner  # pylint: disable=import-outside-toplevel  (planner imports no comm)
+
+    hosts = hostmap.from_env(world_size())
+    if hosts is None or not hostmap.hierarchical_allowed() \
+            or not planner.hierarchical_pays([len(ranks) for ranks in hosts.hosts]):
+        return
+    mine = hosts.hosts[hosts.host_of(rank())]
+    if (hvd.local_rank(), hvd.local_size()) != (mine.index(rank()), len(mine)):
+        raise RuntimeError(f"{hostmap.HOSTS_ENV}={os.environ.get(hostmap.HOSTS_ENV)} puts rank {rank()} at local rank "
+                           f"{mine.index(rank())} of {len(mine)} but Horovod says {hvd.local_rank()} of "
+                           f"{hvd.local_size()}; start the job with python -m collective.launch --hosts, or set "
+                           f"{hostmap.HIERARCHICAL_ENV}=0")
+    if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") != "1":
+        raise RuntimeError(f"a job on several hosts ({hostmap.HOSTS_ENV}) needs HOROVOD_DYNAMIC_PROCESS_SETS=1 for "
+                           f"its hierarchical exchange (python -m collective.launch --hosts sets it), or set "
+                           f"{hostmap.HIERARCHICAL_ENV}=0")
+    sets = [hvd.add_process_set(list(ranks)) for ranks in hosts.hosts]
+    _host_group.append(HostGroup(hosts, sets[hosts.host_of(rank())]))
+    logger.info("hierarchical exchange: hosts %s, this host's ranks %s", list(hosts.hosts), list(mine))
 
 
 def _pin_gpu(horovod: devices.LocalRank) -> None:
@@ -238,12 +287,14 @@ def allgather(tensor: tf.Tensor, name: Optional[str] = None) -> tf.Tensor:
     return _allgather(tensor)
 
 
-def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None,
+             within_host: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
     """Sends ``tensor[sum(splits[:j]):sum(splits[:j+1])]`` to worker ``j``.
 
     Returns the rows received, concatenated in rank order, and how many came
     from each worker (int32 ``[world_size]``). The gradient sends gradients
-    back the way the rows came.
+    back the way the rows came. ``within_host``: among this host's workers only
+    (:func:`host_group`; ``j`` is a local rank).
     """
     tensor = tf.convert_to_tensor(tensor)
     splits = tf.cast(splits, tf.int32)
@@ -254,13 +305,18 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor, name: Optional[str] = None) -
     @tf.custom_gradient
     def _alltoall(x):
         hvd = _hvd()
-        y, received = hvd.alltoall(_unfoldable(x), splits=_unfoldable(splits), name=name)
+        if within_host:
+            group = host_group()
+            me, options = group.local_rank, {"process_set": group.process_set}
+        else:
+            me, options = rank(), {}
+        y, received = hvd.alltoall(_unfoldable(x), splits=_unfoldable(splits), name=name, **options)
         row_bytes = _nbytes(x) // tf.maximum(tf.cast(tf.shape(x, out_type=tf.int64)[0], tf.int64), 1)
-        sent_rows = tf.cast(tf.reduce_sum(splits) - splits[rank()], tf.int64)
+        sent_rows = tf.cast(tf.reduce_sum(splits) - splits[me], tf.int64)
         y, received = _counted((y, received), sent_rows * row_bytes)
 
         def grad(dy, _unused=None):
-            return alltoall(dy, received)[0]
+            return alltoall(dy, received, within_host=within_host)[0]
 
         return (y, received), _grad_fn(grad)
 

@@ -5,7 +5,8 @@ docs/hosts.md); the module's finaliser takes them down whatever happens. A host 
 the tests with the reason: they are never skipped.
 
 - One launch on host0:2,host1:1 (3 workers, 2 hosts) trains checkpoint_cases' model on hb, sok and
-  replicated and checkpoints it: each checkpoint equals plain single-process TensorFlow's. The same launch
+  replicated and checkpoints it: each checkpoint equals plain single-process TensorFlow's. hb's lookups
+  there go through the hierarchical exchange (host0's 2 ranks merge their ids before they cross hosts). The same launch
   records where each worker ran (host name and address, global/local/cross rank, the GPU picked from a
   list of two per host) and, while it runs, every socket the launcher's processes listen on.
 - That 2-host checkpoint restores on 1 host (host0:2) and on 3 hosts (host0:1,host1:1,host2:1), and
@@ -14,7 +15,8 @@ the tests with the reason: they are never skipped.
   incremental checkpoint) ends the job within the stall timeout and leaves no worker running on the other
   host; the log names the host and its ranks; the chain, begun on 2 hosts, continues on 2 others with 3
   workers from its last complete delta and ends as one uninterrupted process's run.
-- In-process, without hosts: collective.runtime.hostworker stops its worker when its ssh session ends.
+- In-process, without hosts: collective.runtime.hostworker stops its worker when its ssh session ends; the
+  hierarchical exchange's relays (numpy) send each id across hosts once per host, as the byte model counts.
 """
 
 import json
@@ -27,11 +29,15 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
 import psutil
 import pytest
 
-from collective import CollectiveStrategy
+from collective import CollectiveStrategy, byte_model
 from collective.checkpoint import latest_incremental_checkpoint
+from collective.runtime import hostmap
+from collective.runtime.launcher import hosts_env as launch_env
+from collective.sharding import planner
 
 from launcher import WORKERS
 from test_incremental_checkpoint import restore_and_save  # noqa: F401  (a fixture)  pylint: disable=unused-import
@@ -133,13 +139,19 @@ def written(hosts, tmp_path_factory):
     env = {"HOST_PROBE_DIR": str(probes), "HOST_PROBE_GPUS": "0,1", "CHECKPOINT_CASES": ",".join(BACKENDS)}
     output = launch("host0:2,host1:1", "checkpoint_worker.py", [base, "write"], env=env, sockets=sockets)
     where = {r: json.loads((probes / f"rank{r}.json").read_text()) for r in range(3)}
-    return {"base": base, "where": where, "sockets": sockets, "output": output}
+    exchanges = {r: json.loads((probes / f"rank{r}.exchange.json").read_text()) for r in range(3)}
+    return {"base": base, "where": where, "exchanges": exchanges, "sockets": sockets, "output": output}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_hosts_train_as_one_process(written, reference, backend):
     cc.assert_checkpoint_equals(str(written["base"] / backend / "n3" / "model.ckpt-2"), reference[2],
                                 f"{backend} on host0:2,host1:1")
+
+
+def test_hb_crosses_the_two_hosts_hierarchically(written):
+    """hb's parity above is the hierarchical exchange's: every worker routed through host0's 2 ranks and host1's 1."""
+    assert all(e == {"hierarchical": [[0, 1], [2]]} for e in written["exchanges"].values()), written["exchanges"]
 
 
 def test_each_worker_runs_on_its_host_with_its_local_rank_and_gpu(written):
@@ -264,3 +276,53 @@ def test_hostworker_ends_its_worker_when_its_ssh_session_ends(tmp_path):
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"worker {pid} still runs after its session ended"
         time.sleep(0.2)
+
+
+def _routed_crossings(hosts: hostmap.HostMap, ids_by_rank, owner) -> int:
+    """Ids that cross hosts when each rank's ids go to the relay ``hosts.relays`` names on its own host, each relay
+    merges what it got, and sends each id to its owner (numpy, the route of exchanges/hierarchical.py)."""
+    crossing = 0
+    for h, ranks in enumerate(hosts.hosts):
+        at_relay = {local: set() for local in range(len(ranks))}
+        for r in ranks:
+            relays = hosts.relays(r)
+            for i in np.unique(ids_by_rank[r]):
+                at_relay[relays[owner(i)]].add(int(i))
+        for local, merged in at_relay.items():
+            for i in merged:
+                assert hosts.relays(ranks[local])[owner(i)] == local
+                crossing += hosts.host_of(owner(i)) != h
+    return crossing
+
+
+@pytest.mark.parametrize("given", ["host0:2,host1:1", "host0:2,host1:2", "host0:1,host1:3,host2:2", "a:4,b:4"])
+def test_hierarchical_route_crosses_hosts_once_per_host_as_the_byte_model_counts(given):
+    """In-process: the relays merge every host's ids for one owner on one rank, so the ids crossing hosts are the
+    byte model's per-host count, never more than the flat exchange's per-rank count; the planner picks the
+    hierarchical exchange on several hosts with a host of several workers, and the launcher exports the hosts."""
+    size = sum(int(h.split(":")[1]) for h in given.split(","))
+    env = launch_env({}, 0.0, given)
+    assert env[hostmap.HOSTS_ENV] == given and env["HOROVOD_DYNAMIC_PROCESS_SETS"] == "1"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(hostmap.HOSTS_ENV, given)
+        where = hostmap.from_env(size)
+    assert [r for ranks in where.hosts for r in ranks] == list(range(size))
+    rng = np.random.default_rng(size)
+    ids_by_rank = [rng.zipf(1.3, 40) % 50 for _ in range(size)]
+
+    def owner(ids):
+        return np.asarray(ids) % size
+
+    hier = byte_model.cross_host_ids(ids_by_rank, owner, where.hosts, hierarchical=True)
+    flat = byte_model.cross_host_ids(ids_by_rank, owner, where.hosts, hierarchical=False)
+    assert _routed_crossings(where, ids_by_rank, lambda i: int(i) % size) == hier
+    assert 0 < hier < flat
+    assert planner.hierarchical_pays([len(r) for r in where.hosts])
+    assert not planner.hierarchical_pays([1, 1]) and not planner.hierarchical_pays([4])
+
+
+def test_the_byte_model_counts_an_id_two_ranks_of_a_host_ask_once_across_hosts():
+    hosts, ids = [[0, 1], [2]], [[5, 5, 3], [5], [1]]
+    owner = lambda ids: np.asarray(ids) % 3  # noqa: E731  5 -> rank 2 (host1), 3 -> rank 0, 1 -> rank 1 (host0)
+    assert byte_model.cross_host_ids(ids, owner, hosts, hierarchical=False) == 3  # 5 from ranks 0 and 1, 1 from 2
+    assert byte_model.cross_host_ids(ids, owner, hosts, hierarchical=True) == 2

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Union
 
-from collective.runtime import devices, multihost
+from collective.runtime import devices, hostmap, multihost
 from collective.runtime.devices import too_many_workers, visible_gpus
 from collective.runtime.preload import ForkedWorker, PreloadError, fork_worker, parse_modules, preload, reap_in_order
 from collective.runtime.stall import DEFAULT_FIRST_STEP_TIMEOUT, FIRST_STEP_TIMEOUT_ENV
@@ -363,13 +363,18 @@ def total_slots(hosts: str) -> int:
         raise LaunchError(str(err)) from None
 
 
-def hosts_env(base: Dict[str, str], stall_timeout: float) -> Dict[str, str]:
+def hosts_env(base: Dict[str, str], stall_timeout: float, hosts: Optional[str] = None) -> Dict[str, str]:
     """The environment horovodrun forwards to every worker of a ``--hosts`` job.
 
     With a stall timeout Gloo's own limit is set to it (unless given): a host that vanishes without closing
-    its connections (a failed link) then ends the job within the stall timeout.
+    its connections (a failed link) then ends the job within the stall timeout. ``hosts`` (the ``--hosts``
+    string) is exported for the hierarchical exchange (:mod:`collective.runtime.hostmap`), with Horovod's
+    dynamic process sets, which it is made of.
     """
     env = dict(base)
+    if hosts:
+        env[hostmap.HOSTS_ENV] = hosts
+        env["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["PYTHONUNBUFFERED"] = "1"
     if stall_timeout > 0:
@@ -456,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                       args.ssh_identity_file)
             stall_timeout = _stall_timeout(args)
             logger.info("multi-host job: %s", " ".join(shlex.quote(c) for c in full))
-            return subprocess.call(full, env=hosts_env(dict(os.environ), stall_timeout))
+            return subprocess.call(full, env=hosts_env(dict(os.environ), stall_timeout, args.hosts))
         stop_grace_seconds()  # a bad value fails now, not at preemption
         gpus = visible_gpus()
         size = worker_count(args.num_workers, gpus, devices.gpu_source())

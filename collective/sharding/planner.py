@@ -185,6 +185,15 @@ def check_placement(table: str, placement: str) -> None:
                         f"{', '.join(PLACEMENTS)}")
 
 
+def hierarchical_pays(host_sizes: Sequence[int]) -> bool:
+    """Whether the hierarchical exchange (:mod:`collective.embedding.exchanges.hierarchical`) pays on hosts of
+    ``host_sizes`` workers: on more than one host with a host of several workers. It merges each host's ids
+    before they cross hosts, so it never sends more across hosts than the flat all-to-all, and less wherever
+    two workers of a host ask for one id; with one worker per host it would send the same bytes one hop later.
+    """
+    return len(host_sizes) > 1 and max(host_sizes) > 1
+
+
 def exchange_for(placement: str, backend: str) -> str:
     """The exchange serving a ``placement`` table's lookups in a step of ``backend`` (the rule lookups follow)."""
     if placement == "replicated":

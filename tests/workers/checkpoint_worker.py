@@ -80,3 +80,4 @@ for case, backend, model in (("hb", "hb", dense_model), ("sok", "sok", dense_mod
             continue
         run(strategy, model, os.path.join(base, case, f"n{source}", "model.ckpt-2"), [2],
             os.path.join(base, case, f"from{source}to{n}"))
+host_probe.record_exchange()

@@ -31,3 +31,17 @@ def record() -> None:
              "device": where.device, "env_local_rank": os.environ.get("HOROVOD_LOCAL_RANK")}
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w", encoding="utf-8") as f:
         json.dump(probe, f)
+
+
+def record_exchange() -> None:
+    """Writes <HOST_PROBE_DIR>/rank<r>.exchange.json: the hosts (their ranks) the hierarchical exchange routed
+    through, null where the exchanges stayed flat."""
+    out = os.environ.get("HOST_PROBE_DIR")
+    if not out:
+        return
+    from collective import comm
+
+    group = comm.host_group()
+    hosts = None if group is None else [list(ranks) for ranks in group.hosts.hosts]
+    with open(os.path.join(out, f"rank{comm.rank()}.exchange.json"), "w", encoding="utf-8") as f:
+        json.dump({"hierarchical": hosts}, f)

@@ -6,7 +6,8 @@ deduplicated (tagged by lookup, so the group's keys are distinct), only the
 distinct rows cross the wire and are gathered, and combiners run on the
 rank that asked: over the distinct vectors with TensorFlow's sorted
 segment reduction where TensorFlow's lookup does so. Column-wise tables
-send the same distinct ids through :mod:`.column_wise` instead.
+send the same distinct ids through :mod:`.column_wise` instead, and on
+several hosts row lookups cross hosts once per host (:mod:`.hierarchical`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import List
 
 import tensorflow as tf
 
+from collective import comm
 from collective.embedding import packing
 from collective.embedding.exchanges.base import (Exchange, Prepared, distinct, fetch_from_owners, fetch_keys,
                                                  finish_distinct)
 from collective.embedding.exchanges.column_wise import fetch_slices
+from collective.embedding.exchanges.hierarchical import fetch_through_hosts
 
 
 class HbExchange(Exchange):
@@ -33,6 +36,9 @@ class HbExchange(Exchange):
 
     def _unpacked(self, group: List[Prepared]) -> List[tf.Tensor]:
         found = [distinct(p.ids) for p in group]
-        fetch = fetch_slices if group[0].info.column_wise else fetch_from_owners
+        if group[0].info.column_wise:
+            fetch = fetch_slices
+        else:
+            fetch = fetch_through_hosts if comm.host_group() is not None else fetch_from_owners
         vectors = fetch(group, [ids for ids, _ in found])
         return [finish_distinct(p, v, index) for p, v, (_, index) in zip(group, vectors, found)]
