@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import CollectiveStrategy, comm
+from collective.embedding.exchanges import hierarchical
 
 WARMUP = 3
 LINK = "/sys/class/net/chosts/statistics"
@@ -58,7 +59,7 @@ def main(out: str, steps: int, batch: int, vocab: int, dim: int) -> None:
                 sess.run(train, {ids: ids_of(step, r, batch, vocab)})
             sess.run(barrier)
             seconds, after, counted = time.perf_counter() - start, _link(), sess.run(counter) - counted
-    group = comm.host_group()
+    group = hierarchical.route()
     record = {"rank": r, "size": n, "host": socket.gethostname(), "seconds": seconds, "steps": steps,
               "batch": batch, "vocab": vocab, "dim": dim, "warmup": WARMUP, "counted_bytes": int(counted),
               "hierarchical": group is not None, "link": {k: after[k] - before[k] for k in before}}

@@ -72,20 +72,18 @@ class HostGroup:
 
 
 def host_group() -> Optional[HostGroup]:
-    """This worker's :class:`HostGroup` when the exchanges cross hosts hierarchically, else None (one host, a
-    job not started with ``--hosts``, ``COLLECTIVE_HIERARCHICAL=0``, or no host with more than one worker)."""
+    """This worker's :class:`HostGroup` on a job that spans several hosts, else None (one host, a job not
+    started with ``--hosts``, or ``COLLECTIVE_HIERARCHICAL=0``)."""
     init()
     return _host_group[0] if _host_group else None
 
 
 def _make_host_group(hvd) -> None:
-    """Adds one Horovod process set per host (every rank adds all of them, in host order) when the planner says
-    a hierarchical exchange pays on this job's hosts; refuses a host map Horovod does not agree with."""
-    from collective.sharding import planner  # pylint: disable=import-outside-toplevel  (planner imports no comm)
-
+    """Adds one Horovod process set per host (every rank adds all of them, in host order) on a job that spans
+    several hosts, for the exchanges to route through when the planner says it pays
+    (``planner.hierarchical_pays``); refuses a host map Horovod does not agree with."""
     hosts = hostmap.from_env(world_size())
-    if hosts is None or not hostmap.hierarchical_allowed() \
-            or not planner.hierarchical_pays([len(ranks) for ranks in hosts.hosts]):
+    if hosts is None or not hostmap.hierarchical_allowed() or len(hosts.hosts) < 2:
         return
     mine = hosts.hosts[hosts.host_of(rank())]
     if (hvd.local_rank(), hvd.local_size()) != (mine.index(rank()), len(mine)):

@@ -40,8 +40,9 @@ def record_exchange() -> None:
     if not out:
         return
     from collective import comm
+    from collective.embedding.exchanges import hierarchical
 
-    group = comm.host_group()
+    group = hierarchical.route()
     hosts = None if group is None else [list(ranks) for ranks in group.hosts.hosts]
     with open(os.path.join(out, f"rank{comm.rank()}.exchange.json"), "w", encoding="utf-8") as f:
         json.dump({"hierarchical": hosts}, f)

@@ -16,12 +16,11 @@ from typing import List
 
 import tensorflow as tf
 
-from collective import comm
 from collective.embedding import packing
 from collective.embedding.exchanges.base import (Exchange, Prepared, distinct, fetch_from_owners, fetch_keys,
                                                  finish_distinct)
+from collective.embedding.exchanges import hierarchical
 from collective.embedding.exchanges.column_wise import fetch_slices
-from collective.embedding.exchanges.hierarchical import fetch_through_hosts
 
 
 class HbExchange(Exchange):
@@ -39,6 +38,6 @@ class HbExchange(Exchange):
         if group[0].info.column_wise:
             fetch = fetch_slices
         else:
-            fetch = fetch_through_hosts if comm.host_group() is not None else fetch_from_owners
+            fetch = hierarchical.fetch_through_hosts if hierarchical.route() is not None else fetch_from_owners
         vectors = fetch(group, [ids for ids, _ in found])
         return [finish_distinct(p, v, index) for p, v, (_, index) in zip(group, vectors, found)]

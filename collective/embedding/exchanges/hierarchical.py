@@ -1,6 +1,6 @@
 """Row lookups that cross hosts once per owning host: within the host first, then across, as TorchRec's 2D
-sharding does. Used by ``hb`` in place of :func:`~.base.fetch_from_owners` when :func:`collective.comm.host_group`
-says the job's exchanges cross hosts hierarchically; the tables' layouts do not change.
+sharding does. Used by ``hb`` in place of :func:`~.base.fetch_from_owners` when :func:`route` gives this job's hosts (it spans
+several and the planner says the route pays); the tables' layouts do not change.
 
 Each id goes first to the worker of its own host that relays for the owner (the owner's local rank modulo the
 host's size: every id of one owner meets on one rank of each host), one all-to-all within the host. The relay
@@ -11,13 +11,23 @@ and the gradients go back the reverse way, summed over the workers of a host tha
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from collective import comm
 from collective.embedding.exchanges.base import Prepared, distinct, rows_of_keys, split_by_request, tagged_keys
+from collective.sharding import planner
+
+
+def route() -> Optional[comm.HostGroup]:
+    """This worker's host when row lookups cross hosts through relays (:func:`fetch_through_hosts`), else None:
+    one host, ``COLLECTIVE_HIERARCHICAL=0``, or hosts where ``planner.hierarchical_pays`` says it does not pay."""
+    host = comm.host_group()
+    if host is None or not planner.hierarchical_pays([len(ranks) for ranks in host.hosts.hosts]):
+        return None
+    return host
 
 
 def _by_destination(keys: tf.Tensor, destination: tf.Tensor, n: int):
@@ -29,7 +39,7 @@ def _by_destination(keys: tf.Tensor, destination: tf.Tensor, n: int):
 def fetch_through_hosts(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """One vector per id of ``ids`` (one int64 vector per request of ``group``), from the ranks that hold them,
     through this host's relays (see the module docstring)."""
-    host = comm.host_group()
+    host = route()
     n, count = group[0].info.world_size, len(group)
     layout = group[0].info.layout
 
