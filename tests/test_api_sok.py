@@ -5,9 +5,10 @@ Session) train SOK's DemoModel, as written (hash-table vocabulary, arbitrary
 int64 keys), for 20 steps; one plain TensorFlow process trains the same model
 with ``tf.nn.embedding_lookup`` on a table with one row per key on every global
 batch, and losses, every key's vector and the dense weights are compared. After
-the TF 1.15 recipe's loop we add a checkpoint and an export (the recipe has
-none): plain TensorFlow serves the export, compared with the trained workers'
-predictions.
+each recipe's loop (its 2-worker float64 run) we add a checkpoint and an export
+(the recipes have none; TF2: ``tf.train.Checkpoint``, TF 1.15:
+``collective.checkpoint.Saver``): plain TensorFlow serves the export, compared
+with the trained workers' predictions.
 
 The parity runs are float64 and must agree to 1e-5: in float32 the order of a
 sum alone moves some weights of this model by 2e-2 after 20 steps (ReLUs flip
@@ -32,6 +33,7 @@ from workers import api_sok_cases as cases  # noqa: E402
 TF2_RUNS = [("sok_tf2.py", 1, "sok_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float64"),
             ("sok_tf2.py", 3, "lazy_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float32")]
 RUNS = TF2_RUNS + [("sok_tf1.py", 2, "legacy_adam", "float64")]
+EXPORTED = [TF2_RUNS[1], RUNS[-1]]  # the 2-worker float64 run of each recipe saves and exports (ours, after its loop)
 
 
 def _run_id(run) -> str:
@@ -48,6 +50,8 @@ def recipe_runs(tmp_path_factory):
             script, n, which, dtype = run
             out = tmp_path_factory.mktemp(_run_id(run))
             args = [out, which, dtype] if script == "sok_tf2.py" else [out, dtype]
+            if script == "sok_tf2.py" and run in EXPORTED:
+                args.append("export")
             run_workers(str(RECIPES / script), n, args, timeout=900)
             done[run] = out
         return done[run]
@@ -88,11 +92,12 @@ def test_demo_model_trains_like_one_process(recipe_runs, run):
     assert np.abs(table - first).max() > 1e-2, "training did not move the table"
 
 
-def test_tf1_recipe_export_serves_the_trained_models_predictions(recipe_runs):
-    """Ours after the TF 1.15 recipe (sok_tf1.py, 2 workers): the SavedModel rank 0 exports, loaded by plain
-    TensorFlow, serves what the trained workers predict (training=False) for the serving batch; keys no batch had
-    read zeros on both sides."""
-    run = RUNS[-1]
+@pytest.mark.parametrize("run", EXPORTED, ids=_run_id)
+def test_recipe_export_serves_the_trained_models_predictions(recipe_runs, run):
+    """Ours after each recipe's loop (2 workers): the SavedModel rank 0 exports, loaded by plain TensorFlow,
+    serves what the trained workers predict (training=False) for the serving batch; keys no batch had read zeros
+    on both sides. The TF 1.15 recipe exports from collective.checkpoint.Saver's checkpoint, the TF2 recipe from
+    tf.train.Checkpoint's (object-based: read by the names the variables had in training)."""
     out = recipe_runs(run)
     predicted = np.concatenate([res["predicted"] for res in load_rank_results(out, run[1])])
     served = serve(only_export(out / "export"), {"inputs": cases.serving_keys()}, "logits")
