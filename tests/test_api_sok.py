@@ -248,3 +248,51 @@ def test_sok_layers_under_tf1_behaviour_build_float32_tables_and_take_training_p
 
     proc = subprocess.run([sys.executable, "-c", TF1_LAYERS], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
+
+
+class _Served(tf.keras.Model):
+    """A SOK hash-table layer and a Dense layer: what the export of an eager program's checkpoint must name alike."""
+
+    def __init__(self):
+        # Named: Keras numbers unnamed layers per process when eager (other tests' layers come first) but per graph
+        # in the export graph, and the export reads the checkpoint by the training names.
+        super().__init__(name="served")
+        import collective.sok as sok  # pylint: disable=import-outside-toplevel
+
+        self.embedding = sok.All2AllDenseEmbedding(8, 4, slot_num=2, nnz_per_slot=1, name="items")
+        self.out = tf.keras.layers.Dense(1, name="logit")
+
+    def call(self, inputs, training=True):
+        return self.out(tf.reshape(self.embedding(inputs, training=training), [-1, 8]))
+
+
+def test_export_reads_an_eager_models_object_based_checkpoint_and_names_what_is_missing(tmp_path):
+    """export_saved_model of a tf.train.Checkpoint written eagerly (one worker, in-process): the serving model built
+    in the export graph gets the eager variables' names (the SOK hash table's too), and the export serves the eager
+    model's training=False logits, an unseen key reading zeros. No checkpoint, or one without the model's tables,
+    is refused naming the file and what to do."""
+    from collective.checkpoint import CheckpointMismatchError  # pylint: disable=import-outside-toplevel
+    from collective.integration.export import export_saved_model  # pylint: disable=import-outside-toplevel
+
+    model = _Served()
+    model(tf.constant([[[5], [-7]], [[9], [5]]], tf.int64))
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    probe = np.array([[[5], [-7]], [[9], [123]], [[456], [123]]], np.int64)  # 123, 456: never seen
+    # Before the export: Keras refuses eager models once a model was made in a tf.Graph (the export graph).
+    predicted, zeros_logit = model(probe, training=False).numpy(), model.out(tf.zeros([1, 8])).numpy()[0]
+
+    def signature():
+        keys = tf.compat.v1.placeholder(tf.int64, [None, 2, 1], name="inputs")
+        return tf.compat.v1.saved_model.predict_signature_def({"inputs": keys}, {"logits": _Served()(keys, False)})
+
+    export_saved_model(str(tmp_path / "export"), path, signature)
+    served = serve(only_export(tmp_path / "export"), {"inputs": probe}, "logits")
+    np.testing.assert_allclose(served, predicted, rtol=1e-6)
+    np.testing.assert_allclose(served[2], zeros_logit, rtol=1e-6)  # unseen keys read zeros
+    assert np.ptp(served) > 1e-4
+    with pytest.raises(ValueError, match=f"{tmp_path / 'none'}.*is not a checkpoint.*pass a checkpoint prefix"):
+        export_saved_model(str(tmp_path / "export"), str(tmp_path / "none"), signature)
+    dense_only = tf.train.Checkpoint(dense=model.out.kernel).write(str(tmp_path / "dense_only"))
+    with pytest.raises(CheckpointMismatchError, match=f"checkpoint {dense_only} .*holds nothing under the names.*"
+                       r"served/items/embedding_variables.*Save the model itself"):
+        export_saved_model(str(tmp_path / "export"), dense_only, signature)
