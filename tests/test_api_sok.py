@@ -236,6 +236,42 @@ for hashed in (False, True):
     assert got[0].dtype == np.float32 and got[0].shape == (2, 1, 1, 4) and got[1].shape == (2, 1, 4)
     np.testing.assert_array_equal(got[2], got[0])
     np.testing.assert_array_equal(got[3], got[1])
+
+# The export of an object-based checkpoint (tf.compat.v1.train.Checkpoint) with TF1 behaviour, as the in-process
+# test does it eagerly: served logits equal the session's training=False logits, unseen keys (123, 456) read zeros.
+import tempfile
+from collective.integration.export import export_saved_model
+folder = tempfile.mkdtemp()
+probe = np.array([[[5], [-7]], [[9], [123]], [[456], [123]]], np.int64)
+
+
+def served_model(keys, training):
+    model = tf.keras.Sequential([sok.All2AllDenseEmbedding(8, 4, slot_num=2, nnz_per_slot=1, name="items"),
+                                 tf.keras.layers.Reshape([8]), tf.keras.layers.Dense(1, name="logit")], name="served")
+    return model, model(keys, training=training)
+
+
+with tf.Graph().as_default():
+    keys = tf.compat.v1.placeholder(tf.int64, [None, 2, 1])
+    model, trained = served_model(keys, True)
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+        sess.run(trained, {keys: np.array([[[5], [-7]], [[9], [5]]])})
+        path = tf.compat.v1.train.Checkpoint(model=model).save(folder + "/ckpt", session=sess)
+        predicted = sess.run(model(keys, training=False), {keys: probe})
+
+
+def signature():
+    inputs = tf.compat.v1.placeholder(tf.int64, [None, 2, 1], name="inputs")
+    return tf.compat.v1.saved_model.predict_signature_def({"inputs": inputs}, {"logits": served_model(inputs, False)[1]})
+
+
+export = export_saved_model(folder + "/export", path, signature).decode()
+with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    sig = tf.compat.v1.saved_model.load(sess, ["serve"], export).signature_def["serving_default"]
+    served = sess.run(sig.outputs["logits"].name, {sig.inputs["inputs"].name: probe})
+np.testing.assert_allclose(served, predicted, rtol=1e-6)
+assert np.ptp(served[:2]) > 1e-4 and np.abs(predicted[:2]).max() > 0
 print("ok")
 """
 
@@ -243,7 +279,8 @@ print("ok")
 def test_sok_layers_under_tf1_behaviour_build_float32_tables_and_take_training_positionally():
     """Regressions under disable_v2_behavior(): the layers took their int64 keys' dtype for the table, and
     ``layer(ids, training)`` inside a model called with ``training=`` failed with "call() got multiple values for
-    argument 'training'"."""
+    argument 'training'". In the same process: export_saved_model of a tf.compat.v1.train.Checkpoint (object-based)
+    serves the session's predictions."""
     import subprocess  # pylint: disable=import-outside-toplevel
 
     proc = subprocess.run([sys.executable, "-c", TF1_LAYERS], capture_output=True, text=True, timeout=300)
