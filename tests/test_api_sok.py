@@ -5,9 +5,10 @@ Session) train SOK's DemoModel, as written (hash-table vocabulary, arbitrary
 int64 keys), for 20 steps; one plain TensorFlow process trains the same model
 with ``tf.nn.embedding_lookup`` on a table with one row per key on every global
 batch, and losses, every key's vector and the dense weights are compared. After
-the TF 1.15 recipe's loop we add a checkpoint and an export (the recipe has
-none): plain TensorFlow serves the export, compared with the trained workers'
-predictions.
+each recipe's loop (its 2-worker float64 run) we add a checkpoint and an export
+(the recipes have none; TF2: ``tf.train.Checkpoint``, TF 1.15:
+``collective.checkpoint.Saver``): plain TensorFlow serves the export, compared
+with the trained workers' predictions.
 
 The parity runs are float64 and must agree to 1e-5: in float32 the order of a
 sum alone moves some weights of this model by 2e-2 after 20 steps (ReLUs flip
@@ -32,6 +33,7 @@ from workers import api_sok_cases as cases  # noqa: E402
 TF2_RUNS = [("sok_tf2.py", 1, "sok_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float64"),
             ("sok_tf2.py", 3, "lazy_adam", "float64"), ("sok_tf2.py", 2, "keras_adam", "float32")]
 RUNS = TF2_RUNS + [("sok_tf1.py", 2, "legacy_adam", "float64")]
+EXPORTED = [TF2_RUNS[1], RUNS[-1]]  # the 2-worker float64 run of each recipe saves and exports (ours, after its loop)
 
 
 def _run_id(run) -> str:
@@ -48,6 +50,8 @@ def recipe_runs(tmp_path_factory):
             script, n, which, dtype = run
             out = tmp_path_factory.mktemp(_run_id(run))
             args = [out, which, dtype] if script == "sok_tf2.py" else [out, dtype]
+            if script == "sok_tf2.py" and run in EXPORTED:
+                args.append("export")
             run_workers(str(RECIPES / script), n, args, timeout=900)
             done[run] = out
         return done[run]
@@ -88,11 +92,12 @@ def test_demo_model_trains_like_one_process(recipe_runs, run):
     assert np.abs(table - first).max() > 1e-2, "training did not move the table"
 
 
-def test_tf1_recipe_export_serves_the_trained_models_predictions(recipe_runs):
-    """Ours after the TF 1.15 recipe (sok_tf1.py, 2 workers): the SavedModel rank 0 exports, loaded by plain
-    TensorFlow, serves what the trained workers predict (training=False) for the serving batch; keys no batch had
-    read zeros on both sides."""
-    run = RUNS[-1]
+@pytest.mark.parametrize("run", EXPORTED, ids=_run_id)
+def test_recipe_export_serves_the_trained_models_predictions(recipe_runs, run):
+    """Ours after each recipe's loop (2 workers): the SavedModel rank 0 exports, loaded by plain TensorFlow,
+    serves what the trained workers predict (training=False) for the serving batch; keys no batch had read zeros
+    on both sides. The TF 1.15 recipe exports from collective.checkpoint.Saver's checkpoint, the TF2 recipe from
+    tf.train.Checkpoint's (object-based: read by the names the variables had in training)."""
     out = recipe_runs(run)
     predicted = np.concatenate([res["predicted"] for res in load_rank_results(out, run[1])])
     served = serve(only_export(out / "export"), {"inputs": cases.serving_keys()}, "logits")
@@ -231,6 +236,42 @@ for hashed in (False, True):
     assert got[0].dtype == np.float32 and got[0].shape == (2, 1, 1, 4) and got[1].shape == (2, 1, 4)
     np.testing.assert_array_equal(got[2], got[0])
     np.testing.assert_array_equal(got[3], got[1])
+
+# The export of an object-based checkpoint (tf.compat.v1.train.Checkpoint) with TF1 behaviour, as the in-process
+# test does it eagerly: served logits equal the session's training=False logits, unseen keys (123, 456) read zeros.
+import tempfile
+from collective.integration.export import export_saved_model
+folder = tempfile.mkdtemp()
+probe = np.array([[[5], [-7]], [[9], [123]], [[456], [123]]], np.int64)
+
+
+def served_model(keys, training):
+    model = tf.keras.Sequential([sok.All2AllDenseEmbedding(8, 4, slot_num=2, nnz_per_slot=1, name="items"),
+                                 tf.keras.layers.Reshape([8]), tf.keras.layers.Dense(1, name="logit")], name="served")
+    return model, model(keys, training=training)
+
+
+with tf.Graph().as_default():
+    keys = tf.compat.v1.placeholder(tf.int64, [None, 2, 1])
+    model, trained = served_model(keys, True)
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+        sess.run(trained, {keys: np.array([[[5], [-7]], [[9], [5]]])})
+        path = tf.compat.v1.train.Checkpoint(model=model).save(folder + "/ckpt", session=sess)
+        predicted = sess.run(model(keys, training=False), {keys: probe})
+
+
+def signature():
+    inputs = tf.compat.v1.placeholder(tf.int64, [None, 2, 1], name="inputs")
+    return tf.compat.v1.saved_model.predict_signature_def({"inputs": inputs}, {"logits": served_model(inputs, False)[1]})
+
+
+export = export_saved_model(folder + "/export", path, signature).decode()
+with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    sig = tf.compat.v1.saved_model.load(sess, ["serve"], export).signature_def["serving_default"]
+    served = sess.run(sig.outputs["logits"].name, {sig.inputs["inputs"].name: probe})
+np.testing.assert_allclose(served, predicted, rtol=1e-6)
+assert np.ptp(served[:2]) > 1e-4 and np.abs(predicted[:2]).max() > 0
 print("ok")
 """
 
@@ -238,8 +279,57 @@ print("ok")
 def test_sok_layers_under_tf1_behaviour_build_float32_tables_and_take_training_positionally():
     """Regressions under disable_v2_behavior(): the layers took their int64 keys' dtype for the table, and
     ``layer(ids, training)`` inside a model called with ``training=`` failed with "call() got multiple values for
-    argument 'training'"."""
+    argument 'training'". In the same process: export_saved_model of a tf.compat.v1.train.Checkpoint (object-based)
+    serves the session's predictions."""
     import subprocess  # pylint: disable=import-outside-toplevel
 
     proc = subprocess.run([sys.executable, "-c", TF1_LAYERS], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
+
+
+class _Served(tf.keras.Model):
+    """A SOK hash-table layer and a Dense layer: what the export of an eager program's checkpoint must name alike."""
+
+    def __init__(self):
+        # Named: Keras numbers unnamed layers per process when eager (other tests' layers come first) but per graph
+        # in the export graph, and the export reads the checkpoint by the training names.
+        super().__init__(name="served")
+        import collective.sok as sok  # pylint: disable=import-outside-toplevel
+
+        self.embedding = sok.All2AllDenseEmbedding(8, 4, slot_num=2, nnz_per_slot=1, name="items")
+        self.out = tf.keras.layers.Dense(1, name="logit")
+
+    def call(self, inputs, training=True):
+        return self.out(tf.reshape(self.embedding(inputs, training=training), [-1, 8]))
+
+
+def test_export_reads_an_eager_models_object_based_checkpoint_and_names_what_is_missing(tmp_path):
+    """export_saved_model of a tf.train.Checkpoint written eagerly (one worker, in-process): the serving model built
+    in the export graph gets the eager variables' names (the SOK hash table's too), and the export serves the eager
+    model's training=False logits, an unseen key reading zeros. No checkpoint, or one without the model's tables,
+    is refused naming the file and what to do."""
+    from collective.checkpoint import CheckpointMismatchError  # pylint: disable=import-outside-toplevel
+    from collective.integration.export import export_saved_model  # pylint: disable=import-outside-toplevel
+
+    model = _Served()
+    model(tf.constant([[[5], [-7]], [[9], [5]]], tf.int64))
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    probe = np.array([[[5], [-7]], [[9], [123]], [[456], [123]]], np.int64)  # 123, 456: never seen
+    # Before the export: Keras refuses eager models once a model was made in a tf.Graph (the export graph).
+    predicted, zeros_logit = model(probe, training=False).numpy(), model.out(tf.zeros([1, 8])).numpy()[0]
+
+    def signature():
+        keys = tf.compat.v1.placeholder(tf.int64, [None, 2, 1], name="inputs")
+        return tf.compat.v1.saved_model.predict_signature_def({"inputs": keys}, {"logits": _Served()(keys, False)})
+
+    export_saved_model(str(tmp_path / "export"), path, signature)
+    served = serve(only_export(tmp_path / "export"), {"inputs": probe}, "logits")
+    np.testing.assert_allclose(served, predicted, rtol=1e-6)
+    np.testing.assert_allclose(served[2], zeros_logit, rtol=1e-6)  # unseen keys read zeros
+    assert np.ptp(served) > 1e-4
+    with pytest.raises(ValueError, match=f"{tmp_path / 'none'}.*is not a checkpoint.*pass a checkpoint prefix"):
+        export_saved_model(str(tmp_path / "export"), str(tmp_path / "none"), signature)
+    dense_only = tf.train.Checkpoint(dense=model.out.kernel).write(str(tmp_path / "dense_only"))
+    with pytest.raises(CheckpointMismatchError, match=f"checkpoint {dense_only} .*holds nothing under the names.*"
+                       r"served/items/embedding_variables.*Save the model itself"):
+        export_saved_model(str(tmp_path / "export"), dense_only, signature)

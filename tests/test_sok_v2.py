@@ -55,6 +55,9 @@ def test_matches_pure_tf_twin(base, n, kind):
     """TF2 (tf.function, Keras optimizers) and TF1 graphs (tf.compat.v1.train optimizers)."""
     ranks = _job(base, n)
     twin = ranks[0]
+    # The twin trained (else both sides could sit at their initial values and still agree).
+    for name, start in {**cases.initial_tables(), "kernel": cases.dense_weights()[0]}.items():
+        assert np.abs(twin[f"twin_{kind}/{name}"] - start).max() > 1e-2, f"the {kind} twin did not move {name}"
     for name, (rows, _) in cases.TABLES.items():
         got = _logical(ranks, kind, name)
         assert sorted(got) == list(range(rows))

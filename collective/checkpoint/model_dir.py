@@ -91,12 +91,15 @@ def split_var_list(var_list=None):
     return sharded, saveable_object_util.validate_and_slice_inputs(names_to_saveables)
 
 
-def check_shapes(expected: Mapping[str, Shape], checkpoint_path: str) -> Dict[str, list]:
+def check_shapes(expected: Mapping[str, Shape], checkpoint_path: str,
+                 found: Optional[Mapping[str, list]] = None) -> Dict[str, list]:
     """Raises :class:`CheckpointMismatchError` unless the checkpoint holds every key with its shape.
 
-    Returns the checkpoint's shape map.
+    ``found``: the checkpoint's shapes by name when they are not its keys' (an object-based checkpoint read by
+    name, :class:`collective.checkpoint.object_names.CheckpointNames`). Returns the checkpoint's shape map.
     """
-    found = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
+    if found is None:
+        found = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
     # Hash tables (unknown row count) may be absent: no worker held a key.
     missing = sorted(k for k in expected if k not in found and not (expected[k] and expected[k][0] is None))
     for key in sorted(expected):

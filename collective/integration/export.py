@@ -32,7 +32,8 @@ from collective import comm
 from collective.runtime import heartbeat
 from collective.embedding import modes
 from collective.integration import serving_deltas, serving_versions
-from collective.checkpoint.model_dir import check_shapes, model_shapes, split_var_list
+from collective.checkpoint.model_dir import CheckpointMismatchError, check_shapes, model_shapes, split_var_list
+from collective.checkpoint.object_names import CheckpointNames
 from collective.checkpoint.saver import ROW_SPLITS_SCOPE
 from collective.tf_internals import all_saveable_objects, compat, export_lib, export_utils, function_utils, patches
 
@@ -57,25 +58,50 @@ def _resolve_checkpoint(checkpoint_path) -> str:
 
 
 def hash_table_rows(checkpoint_path: str) -> Dict[str, int]:
-    """Keys held per hash-table vocabulary in the checkpoint, by table name."""
-    shapes = tf.compat.v1.train.NewCheckpointReader(checkpoint_path).get_variable_to_shape_map()
+    """Keys held per hash-table vocabulary in the checkpoint (name- or object-based), by table name."""
+    shapes = CheckpointNames(checkpoint_path).shapes
     return {key[:-len("/keys")]: int(shape[0]) for key, shape in shapes.items()
             if key.endswith("/keys") and key[:-len("/keys")] in shapes}
 
 
 def _restore_for_export(sess: tf.compat.v1.Session, checkpoint_path: str) -> None:
-    """Restores every global variable of the export graph and fills the hash-table lookups."""
+    """Restores every global variable of the export graph and fills the hash-table lookups.
+
+    An object-based checkpoint (``tf.train.Checkpoint``, ``model.save_weights``) is read by the names the
+    variables had when it was saved (:mod:`collective.checkpoint.object_names`).
+    """
+    names = CheckpointNames(checkpoint_path)
     variables = tf.compat.v1.global_variables()
     if variables:
         _, saveables = split_var_list(variables)
-        check_shapes(model_shapes([], saveables), checkpoint_path)
-        tf.compat.v1.train.Saver(variables).restore(sess, checkpoint_path)
-    reader = tf.compat.v1.train.NewCheckpointReader(checkpoint_path)
+        expected = model_shapes([], saveables)
+        if names.object_based:
+            _check_object_based(names, [v.op.name for v in variables])
+        check_shapes(expected, checkpoint_path, found=names.shapes)
+        restored = names.variable_keys(variables) if names.object_based else variables
+        tf.compat.v1.train.Saver(restored).restore(sess, checkpoint_path)
     for table_name, lookup in tf.compat.v1.get_collection(modes.EXPORT_HASH_INDEXES):
         key_name = hash_table_keys_name(table_name)
-        keys = reader.get_tensor(key_name) if reader.has_tensor(key_name) else np.zeros([0], np.int64)
+        keys = names.get_tensor(key_name) if names.has_tensor(key_name) else np.zeros([0], np.int64)
         rows = np.arange(keys.shape[0], dtype=lookup.value_dtype.as_numpy_dtype)
         sess.run(lookup.insert(tf.constant(keys, lookup.key_dtype), tf.constant(rows)))
+
+
+def _check_object_based(names: CheckpointNames, expected: List[str]) -> None:
+    """Every variable of the export graph, hash tables included, must be in an object-based checkpoint.
+
+    (A name-based one may lack a hash table no worker held a key of; a TF2 save writes every table it tracks.)
+    """
+    missing = sorted(name for name in expected if not names.has_tensor(name))
+    if missing:
+        held = sorted(names.shapes)
+        raise CheckpointMismatchError(
+            f"export: checkpoint {names.path} (written by tf.train.Checkpoint or save_weights) holds nothing under "
+            f"the names the serving model's variables have: {', '.join(missing[:10])}. It holds "
+            f"{', '.join(held[:10]) or 'no variables'}{' ...' if len(held) > 10 else ''}. Save the model itself on "
+            "every worker (tf.train.Checkpoint(model=model).write(sok.checkpoint_path(path))), and build the serving "
+            "model in signature_def_fn as in training (same classes, created first in a fresh graph), so that its "
+            "variables get the names they had in training")
 
 
 def fixed_tables(checkpoint_path: str) -> List[str]:

@@ -133,7 +133,10 @@ class _ShardedEmbedding(tf.keras.layers.Layer):
                                                          self.max_vocabulary_size_per_gpu, self.initializer,
                                                          dtype=self.dtype, key_dtype=self.key_dtype, api="sok")
             else:
-                with tf.compat.v1.variable_scope(self.name):
+                # Named in the current name scope, as eagerly (and as Keras names the layer's other weights), so
+                # that a table trained eagerly and the graph built for its export carry one name.
+                scope = tf.compat.v1.VariableScope(None, name=tf.compat.v1.get_default_graph().get_name_scope())
+                with tf.compat.v1.variable_scope(scope, auxiliary_name_scope=False):
                     var = hash_table.hash_embedding_variable("embedding_variables", self.embedding_vec_size,
                                                              self.max_vocabulary_size_per_gpu, self.initializer,
                                                              dtype=self.dtype, key_dtype=self.key_dtype, api="sok")

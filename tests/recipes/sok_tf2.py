@@ -1,6 +1,6 @@
 """reference/sok-get-started.md, "Use SparseOperationKit with Horovod" (TF2), run as written.
 
-argv: out_dir keras_adam|sok_adam|lazy_adam float64|float32
+argv: out_dir keras_adam|sok_adam|lazy_adam float64|float32 [export]
 
 Changes to the recipe, each marked "CHANGED" below:
 - imports: ``import collective.sok as sok`` for ``import sparse_operation_kit as sok``;
@@ -21,6 +21,13 @@ Changes to the recipe, each marked "CHANGED" below:
   are parts of one sum (averaging them would divide the gradient by N).
 - the optimizer choice comes from argv: ``keras_adam`` (use_tf_opt = True),
   ``sok_adam`` (use_tf_opt = False), ``lazy_adam`` (sok.LazyAdamOptimizer under OptimizerScope).
+
+Ours, after the recipe's training loop (marked "ADDED"; the recipe has no save or export step), with argv's
+``export``: every worker saves the trained model with ``tf.train.Checkpoint`` through ``sok.checkpoint_path``
+(docs/sok.md, "Keras checkpoints"), predicts its share of ``cases.serving_keys()`` with ``training=False``,
+and ``export_saved_model`` (rank 0) writes a SavedModel from that object-based checkpoint, the serving model
+built once more in a graph (docs/checkpoints.md); test_api_sok.py serves it in plain TensorFlow against those
+predictions. The recipe is TF2 code (eager, ``tf.function``); its TF 1.15 twin is sok_tf1.py.
 """
 import os
 import sys
@@ -32,8 +39,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import api_sok_cases as cases  # noqa: E402
 import collective.sok as sok  # CHANGED: import
 from collective.embedding import hash_table
+from collective.integration.export import export_saved_model  # ADDED: the export step
 
 out_dir, which, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
+export = sys.argv[4:] == ["export"]  # ADDED: the run whose export the test serves
 tf.keras.backend.set_floatx(dtype)  # CHANGED: dtype
 
 import horovod.tensorflow as hvd
@@ -106,9 +115,26 @@ for i, (inputs, labels) in enumerate(dataset):
 
 emb_var, other_var = sok.split_embedding_variable_from_others(model.trainable_variables)
 held_keys, held_rows = hash_table.table_of(emb_var[0]).entries()
-np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), losses=np.array(losses), keys=held_keys.numpy(),
-         vectors=tf.gather(emb_var[0], held_rows).numpy(), table_name=emb_var[0].name.split(":")[0],
-         **{f"dense{i}": v.numpy() for i, v in enumerate(other_var)})
+results = dict(losses=np.array(losses), keys=held_keys.numpy(), vectors=tf.gather(emb_var[0], held_rows).numpy(),
+               table_name=emb_var[0].name.split(":")[0], **{f"dense{i}": v.numpy() for i, v in enumerate(other_var)})
+
+if export:
+    # ADDED: the trained model's checkpoint (a collective: every worker saves, worker 0's file is the checkpoint),
+    # this worker's predictions of its share of the serving batch, and the export rank 0 writes from the checkpoint.
+    checkpoint = os.path.join(out_dir, "model", "ckpt")
+    tf.train.Checkpoint(model=model).write(sok.checkpoint_path(checkpoint))
+    per = global_batch_size // hvd.size()
+    results["predicted"] = model(cases.serving_keys()[hvd.rank() * per:(hvd.rank() + 1) * per], training=False).numpy()
+
+    def serving_signature():  # the model once more, on the serving inputs, in the export graph
+        keys = tf.compat.v1.placeholder(tf.int64, [None, cases.SLOT_NUM, cases.NNZ], name="inputs")
+        serving_model = DemoModel(max_vocabulary_size_per_gpu=1024, slot_num=10, nnz_per_slot=5,
+                                  embedding_vector_size=16, num_of_dense_layers=cases.DENSE_LAYERS)
+        return tf.compat.v1.saved_model.predict_signature_def({"inputs": keys},
+                                                              {"logits": serving_model(keys, training=False)})
+
+    export_saved_model(os.path.join(out_dir, "export"), checkpoint, serving_signature)
+np.savez(os.path.join(out_dir, f"rank{hvd.rank()}.npz"), **results)
 
 # Not in the recipe: DistributedEmbedding (mean and sum) and a dynamic-input All2AllDenseEmbedding, with
 # use_hashtable=False and a fixed table, on this worker's share, eagerly and in tf.function, against numpy;
