@@ -1,7 +1,8 @@
 """One physical variable per packing group (docs/packing.md, stage 2 prototype, design B) in one process.
 
 The same model is trained 3 steps with three unpacked tables and with the tables packed into one group
-variable (``collective.embedding.packed_group``); the tables, the optimizer's slots, the global norm of the
+variable (``collective.embedding.packed_group``), each gradient clipped by its norm (packed: the group
+gradient split per table, clipped, merged back); the tables, the optimizer's slots, the global norm of the
 first gradients and the checkpoint's names and values must equal the unpacked run's, with one sparse apply
 for the group instead of one per table. ``tf.compat.v1.train.AdagradOptimizer`` and the legacy Keras
 ``Adagrad``, under TF2 behaviour here and TF1 behaviour (``disable_v2_behavior``; ref variables for the
@@ -21,6 +22,7 @@ import tensorflow as tf
 from collective.embedding.packed_group import PackedGroup
 
 BATCH, DIM, STEPS = 6, 4, 3
+CLIP = 1.0  # per-gradient tf.clip_by_norm: per table unpacked, per table of the split group gradient packed
 TABLES = (("a", 7), ("b", 9), ("c", 5))
 OPTIMIZERS = ("v1_adagrad", "keras_legacy_adagrad")
 
@@ -59,7 +61,12 @@ def _train(packed: bool, kind: str, directory: str) -> dict:
         optimizer = _optimizer(kind)
         var_list = embedding_vars + [dense]
         grads = tf.gradients(loss, var_list)
+        if packed:  # the user's per-table view of the gradients, merged back for the one apply
+            grads = group.split_gradient(grads[0]) + grads[1:]
         norm = tf.linalg.global_norm(grads)
+        grads = [tf.clip_by_norm(g, CLIP) for g in grads]
+        if packed:
+            grads = [group.merge_gradients(grads[:len(TABLES)])] + grads[len(TABLES):]
         train = optimizer.apply_gradients(list(zip(grads, var_list)))
         if packed:
             group_vars = [group.variable] + [optimizer.get_slot(group.variable, n) for n in optimizer.get_slot_names()]

@@ -82,6 +82,29 @@ class PackedGroup:
         self.tables: List[PackedTable] = [PackedTable(name, self, int(offsets[i]), value.shape[0])
                                           for i, (name, value) in enumerate(tables)]
 
+    def split_gradient(self, grad: tf.IndexedSlices) -> List[tf.IndexedSlices]:
+        """The group variable's gradient as each table's (its rows, indices back in the table's range), so
+        per-table transforms (``tf.clip_by_norm``, summaries) see what unpacked tables would get."""
+        ends = tf.constant([t.offset + t.rows for t in self.tables], dtype=grad.indices.dtype)
+        owner = tf.cast(tf.searchsorted(ends, grad.indices, side="right"), tf.int32)
+        indices = tf.dynamic_partition(grad.indices, owner, len(self.tables))
+        values = tf.dynamic_partition(grad.values, owner, len(self.tables))
+        return [tf.IndexedSlices(v, i - tf.constant(t.offset, dtype=i.dtype),
+                                 tf.constant([t.rows, self.dim], dtype=i.dtype))
+                for t, i, v in zip(self.tables, indices, values)]
+
+    def merge_gradients(self, grads: Sequence[tf.IndexedSlices]) -> tf.IndexedSlices:
+        """The tables' gradients (in :attr:`tables` order) as one gradient of the group variable."""
+        if len(grads) != len(self.tables) or not all(isinstance(g, tf.IndexedSlices) for g in grads):
+            raise ValueError(f"packing group {self.name!r} applies one IndexedSlices per table of "
+                             f"{[t.name for t in self.tables]}, got {[type(g).__name__ for g in grads]}: "
+                             "update all its tables together, or set COLLECTIVE_PACKING=0")
+        indices = tf.concat([g.indices + tf.constant(t.offset, dtype=g.indices.dtype)
+                             for t, g in zip(self.tables, grads)], 0)
+        return tf.IndexedSlices(tf.concat([g.values for g in grads], 0), indices,
+                                tf.constant([self.tables[-1].offset + self.tables[-1].rows, self.dim],
+                                            dtype=indices.dtype))
+
     def _named_rows(self, var: tf.Variable) -> List[SaveableObject]:
         # A slot's name holds its variable's (``<var>/Adagrad``, Keras: ``Adagrad/<var>/accumulator``).
         group_name, name = self.variable.op.name, var.op.name
