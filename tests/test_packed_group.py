@@ -3,7 +3,8 @@
 The same model is trained 3 steps with three unpacked tables and with the tables packed into one group
 variable (``collective.embedding.packed_group``), each gradient clipped by its norm (packed: the group
 gradient split per table, clipped, merged back); the tables, the optimizer's slots, the global norm of the
-first gradients and the checkpoint's names and values must equal the unpacked run's, with one sparse apply
+first gradients and the checkpoint's names and values (an ``ExponentialMovingAverage`` shadow's included)
+must equal the unpacked run's, with one sparse apply
 for the group instead of one per table. ``tf.compat.v1.train.AdagradOptimizer`` and the legacy Keras
 ``Adagrad``, under TF2 behaviour here and TF1 behaviour (``disable_v2_behavior``; ref variables for the
 unpacked model under the v1 optimizer) in one subprocess.
@@ -67,11 +68,19 @@ def _train(packed: bool, kind: str, directory: str) -> dict:
         grads = [tf.clip_by_norm(g, CLIP) for g in grads]
         if packed:
             grads = [group.merge_gradients(grads[:len(TABLES)])] + grads[len(TABLES):]
-        train = optimizer.apply_gradients(list(zip(grads, var_list)))
+        # Every gradient before any update: a ref variable's reads in the backward pass are not snapshots (what
+        # collective.integration.training.gradients_before_updates does in scope()).
+        with tf.control_dependencies([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]):
+            train = optimizer.apply_gradients(list(zip(grads, var_list)))
+        average = tf.train.ExponentialMovingAverage(0.5)
+        with tf.control_dependencies([train]):
+            train = average.apply(var_list)
         if packed:
-            group_vars = [group.variable] + [optimizer.get_slot(group.variable, n) for n in optimizer.get_slot_names()]
+            shadow = average.average(group.variable)
+            group_vars = [group.variable, shadow] + [optimizer.get_slot(group.variable, n)
+                                                     for n in optimizer.get_slot_names()]
             others = [v for v in tf.compat.v1.global_variables() if all(v is not g for g in group_vars)]
-            saver = tf.compat.v1.train.Saver(group.saveables(optimizer) + others)
+            saver = tf.compat.v1.train.Saver(group.saveables(optimizer, derived=[shadow]) + others)
             rows = [group.variable[t.offset:t.offset + t.rows] for t in group.tables]
             slots = [optimizer.get_slot(group.variable, name)[t.offset:t.offset + t.rows]
                      for name in optimizer.get_slot_names() for t in group.tables]
@@ -126,6 +135,11 @@ def test_packed_group_under_tf1_behaviour():
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
 
 
-def test_packed_group_refuses_tables_of_different_dims():
-    with tf.Graph().as_default(), pytest.raises(ValueError, match=r"\['a', 'b'\] of one packing group need one dim"):
-        PackedGroup([("a", np.zeros((3, 2), np.float32)), ("b", np.zeros((3, 4), np.float32))])
+def test_packed_group_refuses_tables_of_different_dims_and_partial_gradients():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"\['a', 'b'\] of one packing group need one dim"):
+            PackedGroup([("a", np.zeros((3, 2), np.float32)), ("b", np.zeros((3, 4), np.float32))])
+        group = PackedGroup([("a", np.zeros((3, 2), np.float32)), ("b", np.zeros((3, 2), np.float32))])
+        grad = tf.IndexedSlices(tf.zeros([1, 2]), tf.constant([0], tf.int64), tf.constant([3, 2], tf.int64))
+        with pytest.raises(ValueError, match=r"'a/packed' applies one IndexedSlices per table of \['a', 'b'\]"):
+            group.merge_gradients([grad])

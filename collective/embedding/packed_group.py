@@ -113,13 +113,17 @@ class PackedGroup:
                              "it cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
         return [_RowsSaveable(var, t.offset, t.rows, name.replace(group_name, t.name, 1)) for t in self.tables]
 
-    def saveables(self, optimizer=None) -> List[SaveableObject]:
-        """Each table's rows under its own name, and (given the optimizer that trains the group) each slot's rows
-        under the name the unpacked table's slot has (``<table>/Adagrad``, ``<table>/accumulator``, ...)."""
-        saveables = self._named_rows(self.variable)
+    def saveables(self, optimizer=None, derived: Sequence[tf.Variable] = ()) -> List[SaveableObject]:
+        """Each table's rows under its own name; given the optimizer that trains the group (``tf.compat.v1.train``
+        or legacy Keras), each slot's rows under the name the unpacked table's slot has (``<table>/Adagrad``,
+        ``Adagrad/<table>/accumulator``); likewise each ``derived`` variable made from the group variable's value
+        (an ``ExponentialMovingAverage`` shadow: ``<table>/ExponentialMovingAverage``)."""
+        variables = [self.variable] + list(derived)
         if optimizer is not None:
-            for slot_name in optimizer.get_slot_names():
-                slot = optimizer.get_slot(self.variable, slot_name)
-                if slot is not None:
-                    saveables += self._named_rows(slot)
-        return saveables
+            slots = (optimizer.get_slot(self.variable, name) for name in optimizer.get_slot_names())
+            variables += [slot for slot in slots if slot is not None]
+        for var in variables:
+            if not var.shape.is_compatible_with(self.variable.shape):
+                raise ValueError(f"variable {var.op.name!r} of shape {var.shape} is not shaped like packing group "
+                                 f"{self.name!r} {self.variable.shape}: set COLLECTIVE_PACKING=0")
+        return [saveable for var in variables for saveable in self._named_rows(var)]
