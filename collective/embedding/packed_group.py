@@ -1,0 +1,129 @@
+"""One physical variable for a packing group (issue 44, stage 2 prototype; docs/packing.md).
+
+Design B of the stage-2 prototype: the group variable is the only real
+variable. Each table of the group is a :class:`PackedTable`, which is not a
+variable: lookups resolve it to the group variable at ``ids + offset``, so
+``tf.gradients`` / ``compute_gradients`` return one ``IndexedSlices`` on the
+group variable and the optimizer applies it with one sparse update and keeps
+one set of slots per group. Checkpoints keep the logical per-table format:
+:meth:`PackedGroup.saveables` saves each table's rows, and each slot's, under
+the name the unpacked table (and its slot) would have, and restores them into
+the table's rows of the group.
+
+Not wired into ``CollectiveStrategy`` yet: a prototype that
+``tests/test_packed_group.py`` trains against unpacked tables under both
+TensorFlow behaviours.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from collective.tf_internals import saveable_object_util
+
+SaveableObject = saveable_object_util.saveable_object.SaveableObject
+SaveSpec = saveable_object_util.saveable_object.SaveSpec
+
+
+class PackedTable:
+    """Rows ``[offset, offset + rows)`` of a group variable, standing for the table ``name``."""
+
+    def __init__(self, name: str, group: "PackedGroup", offset: int, rows: int):
+        self.name, self.group, self.offset, self.rows = name, group, offset, rows
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        """The table's logical shape ``[rows, dim]``."""
+        return tf.TensorShape([self.rows, self.group.dim])
+
+    def group_ids(self, ids: tf.Tensor) -> tf.Tensor:
+        """``ids`` of this table as rows of the group variable."""
+        return ids + tf.constant(self.offset, dtype=ids.dtype)
+
+    def lookup(self, ids: tf.Tensor) -> tf.Tensor:
+        """``tf.nn.embedding_lookup(table, ids)``, read from the group variable."""
+        return tf.nn.embedding_lookup(self.group.variable, self.group_ids(ids))
+
+    def value(self) -> tf.Tensor:
+        """The table's rows (for a regularizer or a norm): a slice of the group variable's value."""
+        return tf.slice(self.group.variable.value(), [self.offset, 0], [self.rows, -1])
+
+
+class _RowsSaveable(SaveableObject):
+    """Rows ``[offset, offset + rows)`` of ``var`` saved and restored under ``name``."""
+
+    def __init__(self, var: tf.Variable, offset: int, rows: int, name: str):
+        self._var, self._offset, self._rows = var, offset, rows
+        value = tf.slice(var.value(), [offset, 0], [rows, -1])
+        super().__init__(value, [SaveSpec(value, "", name, dtype=var.dtype)], name)
+
+    def restore(self, restored_tensors, restored_shapes):  # pylint: disable=unused-argument
+        rows = tf.range(self._offset, self._offset + self._rows)
+        return self._var.scatter_update(tf.IndexedSlices(restored_tensors[0], rows)).op
+
+
+class PackedGroup:
+    """One resource variable ``<first table>/packed`` holding the tables' rows in the order given."""
+
+    def __init__(self, tables: Sequence[Tuple[str, np.ndarray]], dtype: tf.DType = tf.float32):
+        """``tables``: each table's name and initial value ``[rows, dim]`` (all of one ``dim``)."""
+        dims = {value.shape[1] for _, value in tables}
+        if len(dims) != 1:
+            raise ValueError(f"tables {[name for name, _ in tables]} of one packing group need one dim, got "
+                             f"{sorted(dims)}: give them separate groups")
+        self.dim = dims.pop()
+        offsets = np.cumsum([0] + [value.shape[0] for _, value in tables])
+        self.name = f"{tables[0][0]}/packed"
+        self.variable = tf.compat.v1.Variable(np.concatenate([value for _, value in tables]), dtype=dtype,
+                                              name=self.name, use_resource=True)
+        self.tables: List[PackedTable] = [PackedTable(name, self, int(offsets[i]), value.shape[0])
+                                          for i, (name, value) in enumerate(tables)]
+
+    def split_gradient(self, grad: tf.IndexedSlices) -> List[tf.IndexedSlices]:
+        """The group variable's gradient as each table's (its rows, indices back in the table's range), so
+        per-table transforms (``tf.clip_by_norm``, summaries) see what unpacked tables would get."""
+        ends = tf.constant([t.offset + t.rows for t in self.tables], dtype=grad.indices.dtype)
+        owner = tf.cast(tf.searchsorted(ends, grad.indices, side="right"), tf.int32)
+        indices = tf.dynamic_partition(grad.indices, owner, len(self.tables))
+        values = tf.dynamic_partition(grad.values, owner, len(self.tables))
+        return [tf.IndexedSlices(v, i - tf.constant(t.offset, dtype=i.dtype),
+                                 tf.constant([t.rows, self.dim], dtype=i.dtype))
+                for t, i, v in zip(self.tables, indices, values)]
+
+    def merge_gradients(self, grads: Sequence[tf.IndexedSlices]) -> tf.IndexedSlices:
+        """The tables' gradients (in :attr:`tables` order) as one gradient of the group variable."""
+        if len(grads) != len(self.tables) or not all(isinstance(g, tf.IndexedSlices) for g in grads):
+            raise ValueError(f"packing group {self.name!r} applies one IndexedSlices per table of "
+                             f"{[t.name for t in self.tables]}, got {[type(g).__name__ for g in grads]}: "
+                             "update all its tables together, or set COLLECTIVE_PACKING=0")
+        indices = tf.concat([g.indices + tf.constant(t.offset, dtype=g.indices.dtype)
+                             for t, g in zip(self.tables, grads)], 0)
+        return tf.IndexedSlices(tf.concat([g.values for g in grads], 0), indices,
+                                tf.constant([self.tables[-1].offset + self.tables[-1].rows, self.dim],
+                                            dtype=indices.dtype))
+
+    def _named_rows(self, var: tf.Variable) -> List[SaveableObject]:
+        # A slot's name holds its variable's (``<var>/Adagrad``, Keras: ``Adagrad/<var>/accumulator``).
+        group_name, name = self.variable.op.name, var.op.name
+        if group_name not in name:
+            raise ValueError(f"variable {name!r} of packing group {group_name!r} does not hold the group's name, so "
+                             "it cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
+        return [_RowsSaveable(var, t.offset, t.rows, name.replace(group_name, t.name, 1)) for t in self.tables]
+
+    def saveables(self, optimizer=None, derived: Sequence[tf.Variable] = ()) -> List[SaveableObject]:
+        """Each table's rows under its own name; given the optimizer that trains the group (``tf.compat.v1.train``
+        or legacy Keras), each slot's rows under the name the unpacked table's slot has (``<table>/Adagrad``,
+        ``Adagrad/<table>/accumulator``); likewise each ``derived`` variable made from the group variable's value
+        (an ``ExponentialMovingAverage`` shadow: ``<table>/ExponentialMovingAverage``)."""
+        variables = [self.variable] + list(derived)
+        if optimizer is not None:
+            slots = (optimizer.get_slot(self.variable, name) for name in optimizer.get_slot_names())
+            variables += [slot for slot in slots if slot is not None]
+        for var in variables:
+            if not var.shape.is_compatible_with(self.variable.shape):
+                raise ValueError(f"variable {var.op.name!r} of shape {var.shape} is not shaped like packing group "
+                                 f"{self.name!r} {self.variable.shape}: set COLLECTIVE_PACKING=0")
+        return [saveable for var in variables for saveable in self._named_rows(var)]

@@ -1,0 +1,145 @@
+"""One physical variable per packing group (docs/packing.md, stage 2 prototype, design B) in one process.
+
+The same model is trained 3 steps with three unpacked tables and with the tables packed into one group
+variable (``collective.embedding.packed_group``), each gradient clipped by its norm (packed: the group
+gradient split per table, clipped, merged back); the tables, the optimizer's slots, the global norm of the
+first gradients and the checkpoint's names and values (an ``ExponentialMovingAverage`` shadow's included)
+must equal the unpacked run's, with one sparse apply
+for the group instead of one per table. ``tf.compat.v1.train.AdagradOptimizer`` and the legacy Keras
+``Adagrad``, under TF2 behaviour here and TF1 behaviour (``disable_v2_behavior``; ref variables for the
+unpacked model under the v1 optimizer) in one subprocess.
+"""
+
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from collective.embedding.packed_group import PackedGroup
+
+BATCH, DIM, STEPS = 6, 4, 3
+CLIP = 1.0  # per-gradient tf.clip_by_norm: per table unpacked, per table of the split group gradient packed
+TABLES = (("a", 7), ("b", 9), ("c", 5))
+OPTIMIZERS = ("v1_adagrad", "keras_legacy_adagrad")
+
+
+def _optimizer(kind: str):
+    if kind == "v1_adagrad":
+        return tf.compat.v1.train.AdagradOptimizer(0.3)
+    return tf.keras.optimizers.legacy.Adagrad(0.3)
+
+
+def _train(packed: bool, kind: str, directory: str) -> dict:
+    """Trains the model; returns the tables, slots, first global norm, sparse applies and the checkpoint's content."""
+    rng = np.random.default_rng(5)
+    initial = [(name, rng.normal(size=(rows, DIM)).astype(np.float32)) for name, rows in TABLES]
+    ids = [rng.integers(0, rows, (STEPS, BATCH, 3)) for _, rows in TABLES]
+    for table_ids, (_, rows) in zip(ids, TABLES):
+        table_ids[:, 0, :2] = rows - 1  # a repeated id in every step
+    labels = rng.normal(size=(STEPS, BATCH, 1)).astype(np.float32)
+    # Under TF1 behaviour get_variable makes ref variables, which the legacy Keras optimizers cannot make slots for
+    # (plain TensorFlow: "dtype float32_ref for Tensor with dtype float32"); tables are resource variables anyway.
+    use_resource = None if kind == "v1_adagrad" else True
+    with tf.Graph().as_default() as graph, tf.compat.v1.variable_scope("", use_resource=use_resource):
+        step = tf.compat.v1.placeholder(tf.int32, [])
+        dense = tf.compat.v1.get_variable("dense", initializer=rng.normal(size=(len(TABLES) * DIM, 1))
+                                          .astype(np.float32))
+        if packed:
+            group = PackedGroup(initial)
+            outputs = [t.lookup(tf.constant(i)[step]) for t, i in zip(group.tables, ids)]
+            embedding_vars = [group.variable]
+        else:
+            tables = [tf.compat.v1.get_variable(name, initializer=value) for name, value in initial]
+            outputs = [tf.nn.embedding_lookup(t, tf.constant(i)[step]) for t, i in zip(tables, ids)]
+            embedding_vars = tables
+        features = tf.concat([tf.reduce_sum(o, 1) for o in outputs], 1)
+        loss = tf.reduce_mean(tf.square(tf.matmul(features, dense) - tf.constant(labels)[step]))
+        optimizer = _optimizer(kind)
+        var_list = embedding_vars + [dense]
+        grads = tf.gradients(loss, var_list)
+        if packed:  # the user's per-table view of the gradients, merged back for the one apply
+            grads = group.split_gradient(grads[0]) + grads[1:]
+        norm = tf.linalg.global_norm(grads)
+        grads = [tf.clip_by_norm(g, CLIP) for g in grads]
+        if packed:
+            grads = [group.merge_gradients(grads[:len(TABLES)])] + grads[len(TABLES):]
+        # Every gradient before any update: a ref variable's reads in the backward pass are not snapshots (what
+        # collective.integration.training.gradients_before_updates does in scope()).
+        with tf.control_dependencies([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]):
+            train = optimizer.apply_gradients(list(zip(grads, var_list)))
+        average = tf.train.ExponentialMovingAverage(0.5)
+        with tf.control_dependencies([train]):
+            train = average.apply(var_list)
+        if packed:
+            shadow = average.average(group.variable)
+            group_vars = [group.variable, shadow] + [optimizer.get_slot(group.variable, n)
+                                                     for n in optimizer.get_slot_names()]
+            others = [v for v in tf.compat.v1.global_variables() if all(v is not g for g in group_vars)]
+            saver = tf.compat.v1.train.Saver(group.saveables(optimizer, derived=[shadow]) + others)
+            rows = [group.variable[t.offset:t.offset + t.rows] for t in group.tables]
+            slots = [optimizer.get_slot(group.variable, name)[t.offset:t.offset + t.rows]
+                     for name in optimizer.get_slot_names() for t in group.tables]
+        else:
+            saver = tf.compat.v1.train.Saver()
+            rows = [t.value() for t in tables]
+            slots = [optimizer.get_slot(t, name).value() for name in optimizer.get_slot_names() for t in tables]
+        applies = sum(n for op, n in collections.Counter(o.type for o in graph.get_operations()).items()
+                      if op.startswith("ResourceSparseApply") or op.startswith("ScatterAdd")
+                      or op.startswith("SparseApply"))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            first_norm = sess.run(norm, {step: 0})
+            for s in range(STEPS):
+                sess.run(train, {step: s})
+            trained = sess.run(rows + slots)
+            path = saver.save(sess, os.path.join(directory, "packed" if packed else "plain"))
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.restore(sess, path)
+            restored = sess.run(rows + slots)
+    stored = {name: tf.train.load_variable(path, name) for name, _ in tf.train.list_variables(path)}
+    return {"trained": trained, "restored": restored, "norm": first_norm, "applies": applies, "stored": stored}
+
+
+def check(kind: str) -> None:
+    """Packed training equals unpacked training for optimizer ``kind`` under the behaviour of this process."""
+    with tempfile.TemporaryDirectory() as directory:
+        plain, packed = _train(False, kind, directory), _train(True, kind, directory)
+    assert plain["applies"] == len(TABLES) and packed["applies"] == 1, (plain["applies"], packed["applies"])
+    np.testing.assert_allclose(packed["norm"], plain["norm"], rtol=1e-6)
+    assert len(packed["trained"]) == len(plain["trained"]) == 2 * len(TABLES)
+    for got, want in zip(packed["trained"], plain["trained"]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    for got, want in zip(packed["restored"], plain["trained"]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert sorted(packed["stored"]) == sorted(plain["stored"]), (sorted(packed["stored"]), sorted(plain["stored"]))
+    for name, value in plain["stored"].items():
+        np.testing.assert_allclose(packed["stored"][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert {name for name, _ in TABLES} <= set(packed["stored"])
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_packed_group_trains_and_checkpoints_as_unpacked_tables_with_one_sparse_apply(kind):
+    check(kind)
+
+
+def test_packed_group_under_tf1_behaviour():
+    script = ("import tensorflow as tf; tf.compat.v1.disable_v2_behavior(); import tests.test_packed_group as t; "
+              f"[t.check(k) for k in {OPTIMIZERS!r}]; print('ok')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
+
+
+def test_packed_group_refuses_tables_of_different_dims_and_partial_gradients():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"\['a', 'b'\] of one packing group need one dim"):
+            PackedGroup([("a", np.zeros((3, 2), np.float32)), ("b", np.zeros((3, 4), np.float32))])
+        group = PackedGroup([("a", np.zeros((3, 2), np.float32)), ("b", np.zeros((3, 2), np.float32))])
+        grad = tf.IndexedSlices(tf.zeros([1, 2]), tf.constant([0], tf.int64), tf.constant([3, 2], tf.int64))
+        with pytest.raises(ValueError, match=r"'a/packed' applies one IndexedSlices per table of \['a', 'b'\]"):
+            group.merge_gradients([grad])
