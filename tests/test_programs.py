@@ -19,6 +19,9 @@ Hypothesis draws programs from a grammar of what users write around our API
   ``compute_gradients`` + ``apply_gradients`` or ``tf.gradients`` +
   ``apply_gradients``, with ``clip_by_global_norm``, ``clip_by_value``, a
   scaling or Keras' ``global_clipnorm`` between; a mean or summed loss;
+- each table's placement: ``row_wise`` (the default), ``table_wise`` or ``column_wise``, applied where the
+  table can take it on the launch's workers (``program_cases.placement``), so a program resumed on M
+  workers restores into the plan M gives it;
 - TF1 behaviour (``disable_v2_behavior``: ref variables) or TF2's; the backend;
 - the engine: a raw session with ``collective.checkpoint.Saver``,
   ``MonitoredTrainingSession`` (``hb.train``'s for the ``hb.train``
