@@ -15,8 +15,8 @@ Table-wise is an override on existing cells (``cases.TABLE_WISE_CELLS``: hb and
 sok, N = 2 and 3, under both behaviours): there every table but SOK's own is
 placed ``table_wise`` by ``sharding=`` (the planner spreads them over the
 ranks; hash tables included) and is held to the same plain process.
-Column-wise is one too (``cases.COLUMN_WISE_CELLS``: hb and sok, N = 1, 2 and
-3, under both behaviours): there every dense table but SOK's own is placed
+Column-wise is one too (``cases.COLUMN_WISE_CELLS``: sok on 1 and hb on 2
+workers under TF2 behaviour, hb on 3 and sok on 2 under TF1 behaviour): there every dense table but SOK's own is placed
 ``column_wise`` (each rank a slice of every row's dims) and is held to the
 same plain process.
 
