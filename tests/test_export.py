@@ -44,6 +44,7 @@ def _serve(export_dir, inputs, out):
 @pytest.mark.parametrize("entry", ["exported", "exported_estimator"])
 def test_export_serves_the_distributed_predictions_without_collective(exported, tmp_path, backend, entry):
     base, inputs, results = exported
+    assert results[backend][0]["placements"].tolist() == [{"hb": "row_wise", "sok": "column_wise"}[backend]] * 2
     export_dir = str(results[backend][0][entry])
     assert export_dir.startswith(str(base / backend)), export_dir
     assert str(results[backend][1][entry]) == ""  # rank 1 returned None

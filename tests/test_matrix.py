@@ -15,6 +15,10 @@ Table-wise is an override on existing cells (``cases.TABLE_WISE_CELLS``: hb and
 sok, N = 2 and 3, under both behaviours): there every table but SOK's own is
 placed ``table_wise`` by ``sharding=`` (the planner spreads them over the
 ranks; hash tables included) and is held to the same plain process.
+Column-wise is one too (``cases.COLUMN_WISE_CELLS``: sok on 1 and hb on 2
+workers under TF2 behaviour, hb on 3 and sok on 2 under TF1 behaviour): there every dense table but SOK's own is placed
+``column_wise`` (each rank a slice of every row's dims) and is held to the
+same plain process.
 
 TF1 behaviour is an axis of the matrix: a second launch per worker count runs
 the model with ``disable_v2_behavior()`` (ref variables, v1 control flow) on
@@ -41,6 +45,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
+from collective.sharding.layouts.column_wise import column_bounds
 from launcher import launch_once, load_rank_results, run_together, run_workers
 from workers import matrix_cases as cases
 
@@ -101,6 +106,11 @@ def logical(ranks: List[Dict[str, np.ndarray]], key: str, table: str) -> np.ndar
     if holder >= 0:  # table_wise: the whole table on its holder, no rows elsewhere
         assert all(len(res[key]) == 0 for r, res in enumerate(ranks) if r != holder), f"{key}: rows off its holder"
         return ranks[holder][key]
+    if bool(ranks[0][f"{optimizer}/columns/{table}"]):  # column_wise: every row on every rank, a slice of its dims
+        bounds = column_bounds(int(ranks[0][f"{optimizer}/dim/{table}"]), len(ranks))
+        for r, res in enumerate(ranks):
+            assert res[key].shape[1:] == (bounds[r + 1] - bounds[r],), f"{key}: rank {r} holds {res[key].shape}"
+        return np.concatenate([res[key] for res in ranks], axis=1)
     if bool(ranks[0][f"{optimizer}/replicated/{table}"]):
         for res in ranks[1:]:
             np.testing.assert_array_equal(res[key], ranks[0][key], err_msg=f"{key}: replicas differ")
@@ -227,6 +237,23 @@ def test_table_wise_cells_hold_each_table_whole_on_one_rank(backend, n, tf1):
         list(range(n)), holders
     if "ev_column" in cell:  # DeepRec's hash-table column
         assert holders[cases.table_key("ev_column", 0)] >= 0, holders
+
+
+@pytest.mark.parametrize("backend, n, tf1", sorted(cases.COLUMN_WISE_CELLS))
+def test_column_wise_cells_slice_each_dense_table_by_columns(backend, n, tf1):
+    """The column-wise axis is real: in its cells every dense table but SOK's own is held column-wise (each
+    rank its slice of every row: ``logical`` checks the widths), while hash and SOK's tables keep their
+    placement and a table made outside embedding_scope() stays an ordinary variable."""
+    behaviour = "tf1" if tf1 else "tf2"
+    ranks, opt = _launch(n, behaviour)[backend], optimizers(backend, n, behaviour)[0]
+    cell = entries(backend, n, behaviour)
+    sliced = {table: bool(ranks[0][f"{opt}/columns/{table}"]) for table in _plain(cases.OPTIMIZERS[0]).tables
+              if table.split("#")[0] in cell}
+    kept = {t for t in sliced if t.split("#")[0] in cases.SOK_TABLES + cases.NOT_PLANNED + cases.HASHED}
+    assert len(sliced) > len(kept) and all(sliced[t] != (t in kept) for t in sliced), sliced
+    for table in sliced:
+        if sliced[table]:
+            assert logical(ranks, f"{opt}/init/{table}", table).shape[1] == cases.DIM, table
 
 
 @pytest.mark.parametrize("backend, n, behaviour", RUNS, ids=IDS)

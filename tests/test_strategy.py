@@ -122,3 +122,28 @@ def test_sharding_overrides_reach_every_face_and_a_bad_one_is_refused_naming_the
         tf.compat.v1.get_variable("user", [6, 2])
     with pytest.raises(PlanError, match="names table\\(s\\) 'scope/usr' that the model does not make"):
         typo.announce_plan()
+
+
+@pytest.mark.parametrize("face", ["get_variable", "keras_embedding"])
+def test_a_constraint_on_a_column_wise_table_is_refused_naming_it(face):
+    """One process (column_wise holds on one worker too): a constraint would see each worker's slice of a row,
+    so it is refused when the table is made, naming the table; the same table row_wise keeps its constraint."""
+    import tensorflow as tf
+
+    from collective import CollectiveStrategy
+    from collective.sharding import PlanError
+
+    max_norm = tf.keras.constraints.MaxNorm(1.0, axis=1)
+
+    def make(strategy):
+        with strategy.scope(), tf.Graph().as_default(), strategy.embedding_scope():
+            if face == "get_variable":
+                return tf.compat.v1.get_variable("wide", [6, 4], constraint=max_norm)
+            layer = tf.keras.layers.Embedding(6, 4, embeddings_constraint=max_norm, name="wide")
+            layer(tf.constant([[1]]))
+            return layer.embeddings
+
+    name = "wide" if face == "get_variable" else "wide/embeddings"
+    assert make(CollectiveStrategy(sharding={name: "row_wise"})).constraint is max_norm
+    with pytest.raises(PlanError, match=f"table '{name}': placement 'column_wise' cannot apply its constraint="):
+        make(CollectiveStrategy(sharding={name: "column_wise"}))

@@ -158,6 +158,7 @@ class Saver(saver_lib.Saver):
             specs.append(f"{info.vocab} {info.dim} {lo},{hi - lo}:-")
             tensors.append(block)
         self._shard_save = io_ops.save_v2(self._part_prefix, names, specs, tensors) if names else tf.no_op()
+        self._dense_writers = _dense_writers(sharded)
         # Fetched beside the save (Grappler drops a collective that only a control dependency waits for).
         self._empty_blocks = empty
         for t, family in enumerate(self._families):
@@ -273,7 +274,7 @@ class Saver(saver_lib.Saver):
         n, rank = comm.world_size(), comm.rank()
         shard_parts = [os.path.join(parts_dir, f"part-{s:05d}-of-{n:05d}") for s in range(n)]
         replicated_part = os.path.join(parts_dir, "replicated")
-        dense_parts = shard_parts if self._sharded_vars else []
+        dense_parts = [shard_parts[s] for s in self._dense_writers]
 
         error = _attempt(lambda: self._write_parts(sess, parts_dir, shard_parts[rank], replicated_part))
         self._agree(sess, error, f"writing its part of checkpoint {checkpoint_file}")
@@ -573,6 +574,17 @@ def default_saver() -> saver_lib.Saver:
     saver = Saver(sharded=True, allow_empty=True)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
     return saver
+
+
+def _dense_writers(sharded) -> List[int]:
+    """The ranks that write a part of the sharded tables: those with a row block of at least one (a column-wise
+    table with fewer rows than workers leaves some ranks none, and a rank with none writes no part)."""
+    writers = set()
+    for var in sharded:
+        info = shard_of(var)
+        bounds = layout.block_bounds(info.vocab, info.world_size)
+        writers.update(s for s in range(info.world_size) if bounds[s + 1] > bounds[s])
+    return sorted(writers)
 
 
 def _clear_own_parts(parts_dir: str, part: str, replicated_part: str) -> None:

@@ -44,6 +44,7 @@ from collective.embedding import modes
 from collective.embedding.table import (SHARDED_COLLECTION, ShardInfo, partitioned_initializer, shard_initial_value,
                                         shard_of, tag)
 from collective.sharding import shards
+from collective.sharding.plan import PlanError
 from collective.sharding.planner import ORDINARY, TableSpec
 
 if TYPE_CHECKING:
@@ -322,6 +323,7 @@ def sharding_creator(ctx: "Context", replicate_below_bytes: int):
                            replicate_below_bytes)
         if info is None:
             return next_creator(**kwargs)
+        _refuse_sliced_constraint(kwargs.get("constraint"), info)
         local_value = _local_initial_value(initial_value, info, dtype)
         kwargs = dict(kwargs, initial_value=local_value, shape=tf.TensorShape([info.local_rows, info.local_dim]),
                       dtype=dtype)
@@ -381,6 +383,7 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         def local_initializer(shape, dtype=dtype, partition_info=None):  # pylint: disable=unused-argument
             return shard_initial_value(logical_init, info, dtype)
 
+        _refuse_sliced_constraint(kwargs.get("constraint"), info)
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):
@@ -396,6 +399,7 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         if info is None:
             return getter(name, shape=None, dtype=dtype, initializer=initializer,
                           partitioner=_whole_in_export(value.shape, partitioner, ctx), **kwargs)
+        _refuse_sliced_constraint(kwargs.get("constraint"), info)
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):
@@ -404,6 +408,16 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
         return tag(var, info)
 
     return get
+
+
+def _refuse_sliced_constraint(constraint, info: ShardInfo) -> None:
+    """A ``constraint=`` of a ``column_wise`` table would see each rank's slice of every row, not the row (a
+    ``MaxNorm(axis=1)`` would bound each slice's norm): refused when the table is made, naming it."""
+    if constraint is not None and info.column_wise:
+        raise PlanError(f"table {info.name!r}: placement 'column_wise' cannot apply its constraint= "
+                        f"({getattr(constraint, '__name__', type(constraint).__name__)}): each worker holds a slice "
+                        "of every row's dims, and the constraint would see the slice, not the row; place the table "
+                        "row_wise or table_wise, or drop the constraint")
 
 
 def _shard_regularizer(kwargs: dict, info: ShardInfo) -> None:

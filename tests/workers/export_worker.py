@@ -1,4 +1,5 @@
-"""Trains, predicts with the sharded model and exports a SavedModel (both entry points), both backends.
+"""Trains, predicts with the sharded model and exports a SavedModel (both entry points), both backends (sok's
+tables column_wise, hb's row_wise).
 
 argv: base_dir. Writes <base>/<backend>/rank<r>.npz (this rank's logits on its
 rows of checkpoint_cases.serving_inputs(), and what export returned) and the
@@ -26,8 +27,11 @@ def placeholders():
             "weights": tf.compat.v1.placeholder(tf.float32, [None, 3], name="weights")}
 
 
+# sok's tables are placed column_wise (issue 43): its export serves what the column-wise workers predict.
+SHARDING = {"hb": None, "sok": {"t1": "column_wise", "t2": "column_wise"}}
+
 for backend in ("hb", "sok"):
-    strategy = CollectiveStrategy(backend)
+    strategy = CollectiveStrategy(backend, sharding=SHARDING[backend])
     r, n = strategy.rank(), strategy.world_size()
     out = os.path.join(base, backend)
     with strategy.scope():
@@ -68,6 +72,7 @@ for backend in ("hb", "sok"):
         exported_estimator = export_estimator(model_fn, None, None, os.path.join(out, "export_estimator"),
                                               serving_input_receiver_fn, os.path.dirname(checkpoint))
     np.savez(os.path.join(out, f"rank{r}.npz"), logits=local_logits,
+             placements=np.array([strategy.plan[t].placement for t in ("t1", "t2")]),
              exported=np.array(exported.decode() if exported else ""),
              exported_estimator=np.array(exported_estimator.decode() if exported_estimator else ""))
 

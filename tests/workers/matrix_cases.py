@@ -46,6 +46,10 @@ HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
 # The cells (backend, N, TF1) whose tables are placed table_wise by ``sharding=`` (:func:`sharding_for`): an
 # override on existing cells, each backend with a sharded exchange and N > 1 under both behaviours.
 TABLE_WISE_CELLS = {("hb", 3, False), ("sok", 2, False), ("hb", 2, True), ("sok", 3, True)}
+# The cells whose dense tables (SOK's own and hash tables keep their placement) are placed column_wise: each N
+# and each behaviour, hb and sok each under both (DIM >= N: every rank holds at least one column). Four cells:
+# the suite's CPU budget.
+COLUMN_WISE_CELLS = {("sok", 1, False), ("hb", 2, False), ("hb", 3, True), ("sok", 2, True)}
 # SOK's own tables (its layers' variables) are row-wise only: the override leaves them.
 SOK_TABLES = ("sok_dense", "sok_sparse", "sok_hash_dense", "sok_hash_sparse", "sok_table")
 # A table made outside embedding_scope() is an ordinary (replicated) variable: the plan never places it.
@@ -54,10 +58,15 @@ NOT_PLANNED = ("outside_scope",)
 
 def sharding_for(backend: str, n: int, tf1: bool = False):
     """The cell's ``sharding=`` override: every table but SOK's own ``table_wise`` in :data:`TABLE_WISE_CELLS`
-    (the planner spreads them over the ranks), else None (the default plan)."""
-    if (backend, n, tf1) not in TABLE_WISE_CELLS:
-        return None
-    return lambda table: None if table.name.split("/")[0] in SOK_TABLES else "table_wise"
+    (the planner spreads them over the ranks), every dense table but SOK's own ``column_wise`` in
+    :data:`COLUMN_WISE_CELLS`, else None (the default plan)."""
+    cell = (backend, n, tf1)
+    if cell in TABLE_WISE_CELLS:
+        return lambda table: None if table.name.split("/")[0] in SOK_TABLES else "table_wise"
+    if cell in COLUMN_WISE_CELLS:
+        return lambda table: None if table.name.split("/")[0] in SOK_TABLES or table.key_space == "hash" \
+            else "column_wise"
+    return None
 
 
 def optimizers_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:

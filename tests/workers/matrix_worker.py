@@ -1,7 +1,8 @@
 """The differential matrix under CollectiveStrategy; writes <out>/<backend>/rank<r>.npz.
 
 argv: out_dir backend[,backend...] [tf1]; one launch serves every backend. In
-``cases.TABLE_WISE_CELLS`` the tables are placed table_wise (``cases.sharding_for``). A
+``cases.TABLE_WISE_CELLS`` the tables are placed table_wise, in ``cases.COLUMN_WISE_CELLS`` the dense ones
+column_wise (``cases.sharding_for``). A
 backend ``hb-api`` builds the model through HybridBackend's API instead
 (``hb.embedding_scope()`` and ``hb.train`` optimizers). With ``tf1`` the
 process runs with TF1 behaviour (``disable_v2_behavior()``: ref variables,
@@ -97,6 +98,8 @@ def train_each_optimizer(strategy, scope, train_module, optimizers, entries):
                     out[f"replicated/{key}"] = np.array(shard_of(table) is None or shard_of(table).layout.replicated)
                 for key, table in {**fixed, **hashed}.items():
                     out[f"holder/{key}"] = holder(table)
+                    out[f"columns/{key}"] = np.array(bool(shard_of(table) and shard_of(table).column_wise))
+                    out[f"dim/{key}"] = np.array(shard_of(table).dim if shard_of(table) else -1)
                 losses = []
                 for step in range(cases.STEPS):
                     feed = cases.feed_dict(model.features, cases.local_batch(step, r, n), plain=False)

@@ -334,20 +334,53 @@ def slots(optimizer, table) -> Dict[str, tf.Variable]:
 
 
 def layout(program: dict, t: int, table) -> str:
-    """How the workers hold table ``t``: ``whole`` (every worker a copy), ``rows`` (row i on worker i % N) or
-    ``hash`` (compared through the checkpoint)."""
+    """How the workers hold table ``t``: ``whole`` (every worker a copy), ``rows`` (row i on worker i % N),
+    ``columns`` (every row, a slice of its dims, on each worker), ``held<r>`` (whole on worker r, none elsewhere)
+    or ``hash`` (compared through the checkpoint)."""
     if program["tables"][t]["entry"] == "hash_column":
         return "hash"
     from collective.embedding.table import shard_of  # pylint: disable=import-outside-toplevel
 
     info = shard_of(table)
-    return "whole" if info is None or info.replicated else "rows"
+    if info is None or info.replicated:
+        return "whole"
+    if info.column_wise:
+        return "columns"
+    return "rows" if info.holder is None else f"held{info.holder}"
+
+
+def placement(program: dict, t: int, world_size: int) -> Optional[str]:
+    """Table ``t``'s drawn placement where it is legal on ``world_size`` workers, else None (the default plan).
+
+    ``row_wise`` is the default; ``column_wise`` needs a dense table of at least one column per worker and no
+    deltas (a program that resumes saves them); a table made outside ``embedding_scope()`` is never planned.
+    """
+    spec = program["tables"][t]
+    wanted = spec.get("placement", "row_wise")
+    if wanted == "row_wise" or spec.get("outside"):
+        return None
+    if wanted == "column_wise" and (spec["entry"] == "hash_column" or spec["dim"] < world_size
+                                    or program.get("resume")):
+        return None
+    return wanted
+
+
+def _is_table(graph_name: str, name: str) -> bool:
+    """Whether the planned table ``graph_name`` is the program's table ``name`` (``item``, ``columns0/input_layer/
+    item_embedding/embedding_weights``, ``item/embeddings``, a shared column's ``item_shared``...)."""
+    return any(part == name or part.startswith(name + "_") for part in graph_name.split("/"))
 
 
 def strategy_for(program: dict):
+    """The program's strategy on this launch's workers, its tables placed as drawn (:func:`placement`)."""
     from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
 
-    return CollectiveStrategy(program["backend"])
+    strategy = CollectiveStrategy(program["backend"])
+    wanted = {s["name"]: placement(program, t, strategy.world_size()) for t, s in enumerate(program["tables"])}
+    if not any(wanted.values()):
+        return strategy
+    return CollectiveStrategy(program["backend"], sharding=lambda table: next(
+        (where for name, where in wanted.items() if where and _is_table(table.name, name)), None))
 
 
 def error_text(err: BaseException) -> str:
