@@ -76,11 +76,10 @@ def test_plain_tensorflow_saver_restores_the_checkpoint(matrix, reference):
 
 def test_hb_monitored_training_session_resume_keeps_each_workers_hash_index(tmp_path):
     """Regression: the hook that broadcasts rank 0's dense variables also broadcast every worker's hash-table
-    index, so a resumed worker re-inserted its keys over restored rows and the next checkpoint held keys twice."""
+    index, so a resumed worker re-inserted its keys over restored rows and the next checkpoint held keys twice.
+    One launch: the uninterrupted run, then 2 steps and a resume to 3, each session in a graph of its own."""
     resumed, uninterrupted = tmp_path / "resumed", tmp_path / "uninterrupted"
-    run_workers("hb_mts_hash_resume.py", 2, [resumed, 2], timeout=400)
-    run_workers("hb_mts_hash_resume.py", 2, [resumed, 3], timeout=400)
-    run_workers("hb_mts_hash_resume.py", 2, [uninterrupted, 3], timeout=400)
+    run_workers("hb_mts_hash_resume.py", 2, [uninterrupted, 3, resumed, 2, resumed, 3], timeout=400)
     assert tf.train.latest_checkpoint(str(resumed)) == str(resumed / "model.ckpt-3")
     cc.assert_hash_checkpoints_equal(str(resumed / "model.ckpt-3"), str(uninterrupted / "model.ckpt-3"))
 

@@ -114,13 +114,22 @@ def test_lru_lfu_tables_fill_and_keep_training(runs, backend):
         assert peak > policy["max_fill"] * total and len(runs[1][0][f"{backend}_{case}_losses"]) == steps
 
 
-def test_lru_keeps_the_keys_of_the_last_step():
+def test_lru_keeps_the_keys_of_the_last_step(runs):
     """Regression: when the keys of the step just trained exceeded fill_after_evict, an LRU run kept keys younger
-    than one step, which no key is after an update, and emptied the table (the ``lru`` case did at step 4). The
-    workers' held keys equal this model's after every step (test_one_worker_decides_as_the_numpy_model)."""
+    than one step, which no key is after an update, and emptied the table (the ``lru`` case did at step 4). After
+    every step the 1-worker run of each LRU case (both backends, the growing twin) and the numpy model hold every
+    key of that step, and the case does evict at capacity (so the rule is exercised)."""
     _, held = model_run("lru")
-    for step, now in enumerate(held):
-        assert set(np.unique(cases.global_batch("lru", step)[0]).tolist()) <= set(now), step
+    lru_runs = [(b, c) for b, c in cases.RUNS if cases.CASES[c][0].get("evict_strategy") == "lru"]
+    assert len(lru_runs) == 3, lru_runs
+    for backend, case in lru_runs:
+        got = held_per_step(runs[1], f"{backend}_{case}_")
+        assert len(got) == len(held) == cases.CASES[case][2], (backend, case)
+        for step, (now, workers) in enumerate(zip(held, got)):
+            last = set(np.unique(cases.global_batch(case, step)[0]).tolist())
+            assert last <= set(now), ("model", step)
+            assert last <= workers, f"{backend} {case}: step {step}'s keys {sorted(last - workers)} were evicted"
+    assert any(len(b) < len(a) for a, b in zip(held, held[1:])), "the lru case must evict"
 
 
 def test_l2_eviction_keeps_only_rows_above_the_threshold(runs):

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from collective.checkpoint import hash_tables, layout, logical, touched
 from collective.checkpoint.model_dir import checkpoint_key
+from collective.embedding import masking
 from collective.embedding import tables as table_registry
 from collective.embedding.table import ShardInfo, shard_of
 from collective.sharding.plan import PlanError
@@ -105,13 +106,13 @@ def _changed(table: DeltaTable):
     if info.hash_index is not None:
         keys, rows = info.hash_index.entries()
         marked = touched.marked_at(values, rows)
-        return tf.boolean_mask(keys, marked), tf.boolean_mask(rows, marked)
+        return masking.select(keys, marked), masking.select(rows, marked)
     local = touched.touched_rows(values)
     keys = info.layout.global_row(local)
     if info.world_size > 1 and not info.layout.sharded:  # whole on every worker: each writes its own block
         bounds = layout.block_bounds(info.vocab, info.world_size)
         mine = (keys >= bounds[info.rank]) & (keys < bounds[info.rank + 1])
-        return tf.boolean_mask(keys, mine), tf.boolean_mask(local, mine)
+        return masking.select(keys, mine), masking.select(local, mine)
     return keys, local
 
 

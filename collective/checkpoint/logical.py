@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from collective import comm
+from collective.embedding import masking
 from collective.embedding.layout import ShardLayout
 from collective.embedding.table import ShardInfo
 
@@ -51,7 +52,7 @@ def gather_on_rank0(info: ShardInfo, tables: Sequence[tf.Variable],
     if selected is not None:
         rows = tf.range(info.local_rows, dtype=tf.int64) if rows is None else rows
         keep = tf.gather(selected, rows)
-        keys, rows = tf.boolean_mask(keys, keep), tf.boolean_mask(rows, keep)
+        keys, rows = masking.select(keys, keep), masking.select(rows, keep)
     keys = _to_rank0(keys)
     order = tf.argsort(keys)
     return tf.gather(keys, order), [tf.gather(_to_rank0(held_values(t, rows)), order) for t in tables]
@@ -70,7 +71,7 @@ def keep_owned(layout: ShardLayout, keys: tf.Tensor,
                values: Sequence[tf.Tensor]) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     """The ``keys`` (and their rows of each of ``values``) that ``layout``'s worker owns."""
     mine = layout.owns(keys)
-    return tf.boolean_mask(keys, mine), [tf.boolean_mask(v, mine) for v in values]
+    return masking.select(keys, mine), [masking.select(v, mine) for v in values]
 
 
 def assign_owned(tables: Sequence[tf.Variable], info: ShardInfo, keys: tf.Tensor,
@@ -152,4 +153,4 @@ def assign_slot_rows(slot: tf.Variable, index, keys: tf.Tensor, values: tf.Tenso
             shape = tf.concat([[tf.maximum(shape[0], index.allocated())], shape[1:]], axis=0)
         reset = slot.assign(tf.broadcast_to(tf.cast(initial, slot.dtype), shape), read_value=False)
     with tf.control_dependencies([reset] if reset is not None else []):
-        return slot.scatter_update(tf.IndexedSlices(tf.boolean_mask(values, held), tf.boolean_mask(rows, held)))
+        return slot.scatter_update(tf.IndexedSlices(masking.select(values, held), masking.select(rows, held)))

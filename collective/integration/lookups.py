@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from collective.embedding import coalescing, gradient_norms
+from collective.embedding import coalescing, gradient_norms, masking
 from collective.embedding import lookup as sharded
 from collective.embedding.table import shard_of
 from collective.tf_internals import embedding_ops, patches
@@ -102,9 +102,9 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         keep = ids.values >= 0  # TensorFlow prunes negative ids, then (but for sum) weights <= 0
         if sparse_weights is not None and combiner != "sum":
             keep = tf.logical_and(keep, sparse_weights.values > 0)
-        weights = None if sparse_weights is None else tf.boolean_mask(sparse_weights.values, keep)
-        request = sharded.Request(table, info, tf.boolean_mask(ids.values, keep),
-                                  tf.boolean_mask(ids.indices[:, 0], keep), weights, combiner or "mean", rows,
+        weights = None if sparse_weights is None else masking.select(sparse_weights.values, keep)
+        request = sharded.Request(table, info, masking.select(ids.values, keep),
+                                  masking.select(ids.indices[:, 0], keep), weights, combiner or "mean", rows,
                                   sorted_segments=True)
         combined = coalescing.defer(request) if coalescing.can_defer() else sharded.run([request])[0]
         return tf.reshape(combined, tf.concat([shape[:-1], [info.dim]], axis=0))

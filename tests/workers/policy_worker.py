@@ -1,11 +1,11 @@
 """Vocabulary policies on both backends: every case of ``policy_cases`` trained here; writes rank<r>.npz.
 
 The ``admit`` case on ``hb`` also saves a full checkpoint after ``SAVE_AT`` steps and a
-delta at the end; this job then restores the chain that ``prev_dir``'s job
-wrote (another worker count; this job's own with ``-``), dumps the state,
-saves it in full and, in the 1-worker job, exports it as a SavedModel. It
-also saves the ``admit`` model trained without a policy, and restores
-``prev_dir``'s such checkpoint into the table with the policy (after the chain).
+delta at the end; this job then restores, in a new session of the same graph, the
+chain that ``prev_dir``'s job wrote (another worker count; this job's own with ``-``),
+dumps the state, saves it in full and, in the 1-worker job, exports it as a
+SavedModel. It also saves the ``admit`` model trained without a policy (first), and
+restores ``prev_dir``'s such checkpoint into the table with the policy (after the chain).
 
 argv: out_dir prev_dir|-
 """
@@ -52,6 +52,7 @@ def train_case(strategy, backend: str, case: str) -> None:
     r, n = strategy.rank(), strategy.world_size()
     steps = cases.CASES[case][2]
     prefix = f"{backend}_{case}_"
+    full = None
     with tf.Graph().as_default():
         table, keys, labels, loss, train_op, optimizer = cases.build(strategy, case, n, backend=backend)
         held_keys, state = state_of(table, optimizer)
@@ -59,20 +60,24 @@ def train_case(strategy, backend: str, case: str) -> None:
             losses, per_step, final = train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, state,
                                                       case, os.path.join(out_dir, f"mts_{backend}_{case}"))
         else:
+            saver = Saver() if case == "admit" else None
             losses, per_step, final = train_plain(strategy, backend, case, keys, labels, loss, train_op, held_keys,
-                                                  state)
+                                                  state, saver)
+            if saver is not None and backend == "hb":
+                full = restore(strategy, backend, state, saver)
     results[prefix + "losses"] = np.array(losses)
     results[prefix + "held_per_step"] = np.concatenate(per_step)
     results[prefix + "held_splits"] = np.cumsum([0] + [len(k) for k in per_step])
     for name, value in final.items():
         results[prefix + name] = value
+    if full is not None:
+        export(strategy, backend, full)
 
 
-def train_plain(strategy, backend, case, keys, labels, loss, train_op, held_keys, state):
-    """A plain session; the ``admit`` case saves in full after SAVE_AT steps and a delta at the end."""
+def train_plain(strategy, backend, case, keys, labels, loss, train_op, held_keys, state, saver):
+    """A plain session; with ``saver`` (the ``admit`` case) a full save after SAVE_AT steps and a delta at the end."""
     r, n = strategy.rank(), strategy.world_size()
     steps = cases.CASES[case][2]
-    saver = Saver() if case == "admit" else None
     ckpt = os.path.join(out_dir, f"ckpt_{backend}", "model")
     with tf.compat.v1.Session() as sess:
         sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
@@ -120,26 +125,28 @@ def train_monitored(strategy, prefix, keys, labels, loss, train_op, held_keys, s
     return losses, per_step, final
 
 
-def restore_and_export(strategy, backend: str) -> None:
-    """Restores ``prev_dir``'s chain of the ``admit`` case here, dumps it, saves it in full and exports it."""
-    r, n = strategy.rank(), strategy.world_size()
+def restore(strategy, backend: str, state, saver) -> str:
+    """Restores ``prev_dir``'s chain of the ``admit`` case into a new session of its graph (``state``, ``saver``),
+    dumps it, saves it in full (the path returned), then restores ``prev_dir``'s checkpoint without a policy."""
     with open(os.path.join(prev_dir, f"chain_{backend}.txt")) as f:
         delta = f.read()
     prefix = f"{backend}_restored_"
-    with tf.Graph().as_default():
-        table, _, _, _, _, optimizer = cases.build(strategy, "admit", n)
-        _, state = state_of(table, optimizer)
-        saver = Saver()
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
-            saver.restore(sess, delta)
-            for name, value in sess.run(state).items():
-                results[prefix + name] = value
-            full = saver.save(sess, os.path.join(out_dir, f"full_{backend}", "model"), global_step=99)
-            # prev_dir's checkpoint of the model trained without a policy, into the table with the policy.
-            saver.restore(sess, os.path.join(prev_dir, "nopolicy", "model-3"))
-            for name, value in sess.run(state).items():
-                results[f"{backend}_unpoliced_" + name] = value
+    with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+        saver.restore(sess, delta)
+        for name, value in sess.run(state).items():
+            results[prefix + name] = value
+        full = saver.save(sess, os.path.join(out_dir, f"full_{backend}", "model"), global_step=99)
+        # prev_dir's checkpoint of the model trained without a policy, into the table with the policy.
+        saver.restore(sess, os.path.join(prev_dir, "nopolicy", "model-3"))
+        for name, value in sess.run(state).items():
+            results[f"{backend}_unpoliced_" + name] = value
+    return full
+
+
+def export(strategy, backend: str, full: str) -> None:
+    """Exports checkpoint ``full`` of the ``admit`` case as a SavedModel (in the 1-worker job)."""
+    n = strategy.world_size()
     if n > 1:
         return  # the export of the 1-worker job is served in the test
 
@@ -155,7 +162,7 @@ def restore_and_export(strategy, backend: str) -> None:
 
 def train_without_policy(strategy) -> None:
     """The ``admit`` model trained 3 steps without a policy and saved in ``nopolicy/`` (``hb_nopolicy_``: its
-    rows); :func:`restore_and_export` restores ``prev_dir``'s one into the table with the policy."""
+    rows); :func:`restore` restores ``prev_dir``'s one into the table with the policy."""
     r, n = strategy.rank(), strategy.world_size()
     with tf.Graph().as_default():
         table, keys, labels, loss, train_op, _ = cases.build(strategy, "admit", n, policy={})
@@ -194,11 +201,10 @@ def full_table_error(strategy, policy: dict, initial=None) -> str:
 for backend in cases.BACKENDS:
     strategy = CollectiveStrategy(backend)
     with strategy.scope():
+        if backend == "hb":
+            train_without_policy(strategy)  # before the admit case, which restores prev_dir's
         for case in cases.BACKEND_CASES[backend]:
             train_case(strategy, backend, case)
-        if backend == "hb":
-            train_without_policy(strategy)
-            restore_and_export(strategy, backend)
         results[f"{backend}_full_error"] = np.array(full_table_error(strategy, {}))
         if backend == "hb":
             results[f"{backend}_full_error_grown"] = np.array(full_table_error(strategy, {}, initial=1))

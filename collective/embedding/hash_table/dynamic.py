@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
+from collective.embedding import masking
 from collective.embedding.hash_table import step as policy_step
 from collective.embedding.hash_table.growth import initial_row, never_marked, padded, shape_of_rows
 from collective.embedding.hash_table.local_variables import plain_variable
@@ -103,23 +104,23 @@ class DynamicVocabulary:
         step = policy_step.value(index.name)
         rows = index.find(distinct)
         missing = rows < 0
-        candidates = tf.boolean_mask(distinct, missing)
+        candidates = masking.select(distinct, missing)
         if self.counter is None:
             admitted = tf.ones_like(candidates, tf.bool)
             counts = tf.ones_like(candidates)
         else:
             admitted, counts = self._count(candidates, step)
-        new_keys = tf.boolean_mask(candidates, admitted)
+        new_keys = masking.select(candidates, admitted)
         new_rows = index.append(new_keys)
         init = _scatter(values, new_rows, index.initial_values(new_keys))
-        held = tf.boolean_mask(rows, tf.logical_not(missing))
+        held = masking.select(rows, tf.logical_not(missing))
         seen = tf.gather(self.usage, held)[:, 0] + 1
         usage_rows = tf.concat([held, new_rows], axis=0)
-        usage_values = tf.stack([tf.concat([seen, tf.boolean_mask(counts, admitted)], axis=0),
+        usage_values = tf.stack([tf.concat([seen, masking.select(counts, admitted)], axis=0),
                                  tf.fill(tf.shape(usage_rows), step)], axis=1)
         with tf.control_dependencies([seen]):
             used = _scatter(self.usage, usage_rows, usage_values)
-        at = tf.boolean_mask(tf.where(missing), admitted)
+        at = masking.select(tf.where(missing), admitted)
         rows = tf.tensor_scatter_nd_update(rows, at, new_rows)
         with tf.control_dependencies([init, used]):
             rows = tf.identity(rows)
@@ -143,10 +144,10 @@ class DynamicVocabulary:
         counter = self.counter
         rows = counter.find(keys)
         absent = rows < 0
-        new_rows = counter.append(tf.boolean_mask(keys, absent), partial=True)
+        new_rows = counter.append(masking.select(keys, absent), partial=True)
         rows = tf.tensor_scatter_nd_update(rows, tf.where(absent), new_rows)
         fits = rows >= 0
-        kept = tf.boolean_mask(rows, fits)
+        kept = masking.select(rows, fits)
         counts = tf.gather(self.counter_usage, kept)[:, 0] + 1
         admit = counts >= self.policy.min_count
         stored = tf.stack([tf.where(admit, tf.zeros_like(counts), counts), tf.fill(tf.shape(counts), step)], axis=1)
@@ -247,7 +248,7 @@ class DynamicVocabulary:
         index = self.index
         held_keys, rows = index.entries()
         found = index.find(keys)
-        found = tf.boolean_mask(found, found >= 0)
+        found = masking.select(found, found >= 0)
         dropped = tf.scatter_nd(found[:, None], tf.ones_like(found, tf.bool), [index.allocated()])
         return tf.group(*self._keep_only(index.values, held_keys, rows, tf.logical_not(tf.gather(dropped, rows)),
                                          row_masks))
@@ -256,7 +257,7 @@ class DynamicVocabulary:
                    row_masks: Optional[RowMasks]) -> List[tf.Operation]:
         """Ops keeping the held ``keys`` (at ``rows``) where ``keep``: compacted, freed rows reset, index rebuilt."""
         index = self.index
-        survivors = tf.boolean_mask(rows, keep)
+        survivors = masking.select(rows, keep)
         moved = [(values, np.zeros([index.dim], values.dtype.as_numpy_dtype)),
                  (self.usage, np.zeros([2], np.int64))] + self.slots
         ops = [_compact(var, survivors, row, index.rows_of(var)) for var, row in moved]
@@ -272,7 +273,7 @@ class DynamicVocabulary:
                 freed = tf.fill([rows - tf.size(survivors, out_type=tf.int64)], never)
             ops.append(tf.raw_ops.AssignVariableOp(resource=mask.handle, value=tf.concat(
                 [tf.gather(current, survivors), freed], axis=0)))
-        ops.append(index.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))
+        ops.append(index.rebuild(masking.select(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64))))
         return ops
 
     # ------------------------------------------------------------ checkpoints
@@ -300,7 +301,7 @@ class DynamicVocabulary:
     def tombstones(self) -> tf.Tensor:
         """Keys held at the last snapshot and not now (evicted since): a delta writes them so a restore drops them."""
         saved = self.saved_keys[:self.saved_count.read_value()]
-        return tf.boolean_mask(saved, self.index.find(saved) < 0)
+        return masking.select(saved, self.index.find(saved) < 0)
 
     def _purge_counter(self, step: tf.Tensor) -> List[tf.Operation]:
         """Drops admitted keys (count 0) and, with a steps-to-live, keys not seen for longer from the counter."""
@@ -310,9 +311,9 @@ class DynamicVocabulary:
         keep = usage[:, 0] > 0
         if ttl is not None:
             keep = tf.logical_and(keep, step - usage[:, 1] <= int(ttl))
-        survivors = tf.boolean_mask(rows, keep)
+        survivors = masking.select(rows, keep)
         return [_compact(self.counter_usage, survivors, np.zeros([2], np.int64), counter.rows_of(self.counter_usage)),
-                counter.rebuild(tf.boolean_mask(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64)))]
+                counter.rebuild(masking.select(keys, keep), tf.range(tf.size(survivors, out_type=tf.int64)))]
 
 
 def _compact(var: tf.Variable, survivors: tf.Tensor, row: np.ndarray, capacity) -> tf.Operation:

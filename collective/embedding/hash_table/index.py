@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.embedding import key_init, traced
+from collective.embedding import key_init, masking, traced
 from collective.embedding.hash_table import dynamic, growth
 from collective.embedding.hash_table.local_variables import eager_variable, op_name, plain_variable
 from collective.embedding.hash_table.lookup_mode import is_training
@@ -254,7 +254,7 @@ class HashTable:
             keys = tf.identity(keys)
         found = self.find(keys)
         missing = found < 0
-        new_keys, which = tf.unique(tf.boolean_mask(keys, missing), out_idx=tf.int64)
+        new_keys, which = tf.unique(masking.select(keys, missing), out_idx=tf.int64)
         new_rows = self.append(new_keys)
         with tf.control_dependencies([new_rows]):
             at = tf.where(missing)
@@ -326,14 +326,14 @@ class HashTable:
         place = traced.once(_probe_and_place)
         placed = place(self.keys_var.handle, self.rows_var.handle, new_keys, new_rows, num_slots)
         with tf.control_dependencies([placed]):
-            special_rows = tf.boolean_mask(new_rows, tf.equal(new_keys, EMPTY_KEY))
+            special_rows = masking.select(new_rows, tf.equal(new_keys, EMPTY_KEY))
             return _scatter(self.rows_var, tf.fill(tf.shape(special_rows), num_slots), special_rows)
 
     def entries(self) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(keys, rows)`` held on this worker, ordered by row."""
         rows = self.rows_var.read_value()
         held = rows >= 0
-        keys, rows = tf.boolean_mask(self.keys_var.read_value(), held), tf.boolean_mask(rows, held)
+        keys, rows = masking.select(self.keys_var.read_value(), held), masking.select(rows, held)
         order = tf.argsort(rows)
         return tf.gather(keys, order), tf.gather(rows, order)
 
@@ -434,8 +434,8 @@ def _probe_and_place(keys_var, rows_var, new_keys, new_rows, num_slots):
     def body(i, pos, pending):
         held = _gather(keys_var, pos)
         wants = tf.logical_and(pending, tf.equal(held, EMPTY_KEY))
-        who = tf.boolean_mask(index, wants)
-        slots, slot_of = tf.unique(tf.boolean_mask(pos, wants), out_idx=tf.int64)
+        who = masking.select(index, wants)
+        slots, slot_of = tf.unique(masking.select(pos, wants), out_idx=tf.int64)
         # The earliest key asking for a free slot gets it; the others probe on.
         winners = tf.math.unsorted_segment_min(who, slot_of, tf.size(slots, out_type=tf.int64))
         writes = [_scatter(keys_var, slots, tf.gather(new_keys, winners)),
