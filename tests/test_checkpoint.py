@@ -358,34 +358,18 @@ def test_export_serves_what_the_predict_scaffold_saver_restores(derived, derived
 # other way round (column_wise on 2 workers under both TF behaviours, table_wise on 1).
 CHAIN = [(2, "hb", "tf2", "row_wise", "column_wise"), (3, "sok", "tf1", "table_wise", "row_wise"),
          (1, "hb", "tf2", "column_wise", "table_wise"), (2, "sok", "tf1", "row_wise", "column_wise")]
-CHAIN_KEYS = ("t", "u", "w", "t/Adagrad", "u/Adagrad", "w/Adagrad")
-
-
-def _chain_reference():
-    """One process's variables and Adagrad slots after each stage's steps."""
-    with tf.Graph().as_default():
-        _, train_op, feed = chain.build()
-        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            stages = []
-            for step in range(len(CHAIN) * chain.STEPS):
-                sess.run(train_op, feed(chain.global_batch(step)))
-                if (step + 1) % chain.STEPS == 0:
-                    stages.append(sess.run({key: variables[key] for key in CHAIN_KEYS}))
-            return stages
 
 
 def test_a_checkpoint_moves_across_placements_and_worker_counts_with_its_slots(tmp_path):
     """row_wise@2 -> table_wise@3 (TF1) -> column_wise@1 -> row_wise@2 (TF1), and the other table column_wise@2
     -> row_wise@3 -> table_wise@1 -> column_wise@2: every stage's checkpoint holds the logical tables and slots
     one process holds after as many steps."""
-    reference = _chain_reference()
+    reference = chain.reference(len(CHAIN))
     previous = "-"
     for stage, (n, backend, mode, t_placement, u_placement) in enumerate(CHAIN):
         prefix = str(tmp_path / f"stage{stage}" / "model.ckpt")
         run_workers("placement_chain.py", n, [str(stage), backend, mode, previous, prefix, t_placement, u_placement])
-        for key in CHAIN_KEYS:
+        for key in chain.KEYS:
             np.testing.assert_allclose(tf.train.load_variable(prefix, key), reference[stage][key], rtol=1e-5,
                                        atol=1e-6, err_msg=f"stage {stage} ({n} workers, {t_placement}/"
                                                           f"{u_placement}, {mode}): {key}")

@@ -9,6 +9,8 @@ the tests with the reason: they are never skipped.
   there go through the hierarchical exchange (host0's 2 ranks merge their ids before they cross hosts). The same launch
   records where each worker ran (host name and address, global/local/cross rank, the GPU picked from a
   list of two per host) and, while it runs, every socket the launcher's processes listen on.
+- A TF1-behaviour program (tests/workers/placement_chain.py: ref variables, a raw session) on the same 2 hosts
+  goes through the hierarchical exchange too, and its checkpoint equals one process's.
 - That 2-host checkpoint restores on 1 host (host0:2) and on 3 hosts (host0:1,host1:1,host2:1), and
   training continues as uninterrupted.
 - A host lost mid-step (every process of host0's namespace killed, its sshd included, while it saves an
@@ -32,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import psutil
 import pytest
+import tensorflow as tf
 
 from collective import CollectiveStrategy, byte_model
 from collective.checkpoint import latest_incremental_checkpoint
@@ -44,6 +47,7 @@ from test_incremental_checkpoint import restore_and_save  # noqa: F401  (a fixtu
 from test_restart import Output
 from workers import checkpoint_cases as cc
 from workers import incremental_cases as ic
+from workers import placement_chain as chain
 
 pytestmark = pytest.mark.timeout(1800)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -169,6 +173,22 @@ def test_the_rendezvous_listens_on_the_bridge_address_only(written):
     sockets = written["sockets"]
     assert any("collective.runtime.multihost" in name for name, _, _ in sockets), sockets
     assert {address for _, address, _ in sockets} == {BRIDGE_ADDRESS}, sockets
+
+
+def test_hb_with_tf1_behaviour_crosses_the_two_hosts_hierarchically_as_one_process(hosts, tmp_path):
+    """A TF1-behaviour program (ref variables, a raw session, collective's Saver) on host0:2,host1:1: hb routes
+    through the hosts' relays and the checkpoint holds one process's tables and Adagrad slots."""
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    prefix = str(tmp_path / "model.ckpt")
+    launch("host0:2,host1:1", "placement_chain.py", [0, "hb", "tf1", "-", prefix, "row_wise", "row_wise"],
+           env={"HOST_PROBE_DIR": str(probes)})
+    assert all(json.loads((probes / f"rank{r}.exchange.json").read_text()) == {"hierarchical": [[0, 1], [2]]}
+               for r in range(3))
+    expected = chain.reference(1)[0]
+    for key in chain.KEYS:
+        np.testing.assert_allclose(tf.train.load_variable(prefix, key), expected[key], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"hb, TF1 behaviour, on host0:2,host1:1: {key}")
 
 
 @pytest.fixture(scope="module")

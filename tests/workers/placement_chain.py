@@ -70,6 +70,24 @@ def build(strategy=None):
     return loss, train_op, feed
 
 
+KEYS = ("t", "u", "w", "t/Adagrad", "u/Adagrad", "w/Adagrad")
+
+
+def reference(stages: int):
+    """One plain process's variables and Adagrad slots (:data:`KEYS`) after each of ``stages`` stages' steps."""
+    with tf.Graph().as_default():
+        _, train_op, feed = build()
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            after = []
+            for step in range(stages * STEPS):
+                sess.run(train_op, feed(global_batch(step)))
+                if (step + 1) % STEPS == 0:
+                    after.append(sess.run({key: variables[key] for key in KEYS}))
+            return after
+
+
 def main(stage, backend, prefix_in, prefix_out, t_placement, u_placement):
     strategy = CollectiveStrategy(backend, sharding={"t": t_placement, "u": u_placement})
     r, n = strategy.rank(), strategy.world_size()
@@ -85,6 +103,9 @@ def main(stage, backend, prefix_in, prefix_out, t_placement, u_placement):
                 sess.run(train_op, feed(local_batch(step, r, n)))
             saver.save(sess, prefix_out)
         assert [strategy.plan[name].placement for name in ("t", "u")] == [t_placement, u_placement]
+    import host_probe  # pylint: disable=import-outside-toplevel  (a script's neighbour; tests import this module)
+
+    host_probe.record_exchange()  # tests/test_hosts.py: the route of a TF1 job on several hosts
 
 
 if __name__ == "__main__":
