@@ -12,7 +12,7 @@ after three steps. The inputs hold repeated ids, empty rows and negative ids
 (dropped by the safe lookups), and hash keys of any int64 value.
 
 Table-wise is an override on existing cells (``cases.TABLE_WISE_CELLS``: hb and
-sok, N = 2 and 3, under both behaviours): there every table but SOK's own is
+sok, N = 2 and 3, under both behaviours, and hb on 1 under TF1): there every table but SOK's own is
 placed ``table_wise`` by ``sharding=`` (the planner spreads them over the
 ranks; hash tables included) and is held to the same plain process.
 Column-wise is one too (``cases.COLUMN_WISE_CELLS``: sok on 1 and hb on 2

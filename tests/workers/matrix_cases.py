@@ -44,8 +44,9 @@ HASH_SEEDS = {"sok_hash_dense": 41, "sok_hash_sparse": 42, "ev_column": 43}
 
 
 # The cells (backend, N, TF1) whose tables are placed table_wise by ``sharding=`` (:func:`sharding_for`): an
-# override on existing cells, each backend with a sharded exchange and N > 1 under both behaviours.
-TABLE_WISE_CELLS = {("hb", 3, False), ("sok", 2, False), ("hb", 2, True), ("sok", 3, True)}
+# override on existing cells: each backend with a sharded exchange and N > 1 under both behaviours, and hb on 1
+# (TF1: the one rank holds every table whole).
+TABLE_WISE_CELLS = {("hb", 1, True), ("hb", 3, False), ("sok", 2, False), ("hb", 2, True), ("sok", 3, True)}
 # The cells whose dense tables (SOK's own and hash tables keep their placement) are placed column_wise: each N
 # and each behaviour, hb and sok each under both (DIM >= N: every rank holds at least one column). Four cells:
 # the suite's CPU budget.
