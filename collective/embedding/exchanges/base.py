@@ -233,6 +233,13 @@ def split_by_request(vectors: tf.Tensor, ids: Sequence[tf.Tensor]) -> List[tf.Te
     return tf.split(vectors, sizes, num=len(ids))
 
 
+def by_destination(keys: tf.Tensor, destination: tf.Tensor, n: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``keys`` sorted stably by ``destination`` (int32 in ``[0, n)``: destinations in order, each one's keys in
+    their own order), the order taken, and the count per destination: an alltoall's payload and splits."""
+    order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), destination, n), axis=0)
+    return tf.gather(keys, order), order, tf.math.bincount(destination, minlength=n, maxlength=n, dtype=tf.int32)
+
+
 def fetch_from_owners(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """One vector per id of ``ids`` (one int64 vector per request of ``group``), from the ranks that hold them
     (:func:`fetch_keys`)."""
@@ -247,10 +254,8 @@ def fetch_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
     """
     n = group[0].info.world_size
     owner = group[0].info.layout.owner(keys // len(group) if len(group) > 1 else keys)
-    # A stable sort by owner: the positions of each owner's keys, owners in rank order.
-    order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), owner, n), axis=0)
-    splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
-    received, received_splits = comm.alltoall(tf.gather(keys, order), splits)
+    sent, order, splits = by_destination(keys, owner, n)
+    received, received_splits = comm.alltoall(sent, splits)
     returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
     return tf.gather(returned, tf.math.invert_permutation(order))
 

@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from collective import comm
-from collective.embedding.exchanges.base import Prepared, distinct, rows_of_keys, split_by_request, tagged_keys
+from collective.embedding.exchanges.base import (Prepared, by_destination, distinct, rows_of_keys, split_by_request,
+                                                 tagged_keys)
 from collective.sharding import planner
 
 
@@ -28,12 +29,6 @@ def route() -> Optional[comm.HostGroup]:
     if host is None or not planner.hierarchical_pays([len(ranks) for ranks in host.hosts.hosts]):
         return None
     return host
-
-
-def _by_destination(keys: tf.Tensor, destination: tf.Tensor, n: int):
-    """``keys`` sorted stably by ``destination`` (int32 in ``[0, n)``), the order taken and the count per one."""
-    order = tf.concat(tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), destination, n), axis=0)
-    return tf.gather(keys, order), order, tf.math.bincount(destination, minlength=n, maxlength=n, dtype=tf.int32)
 
 
 def fetch_through_hosts(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
@@ -50,11 +45,11 @@ def fetch_through_hosts(group: Sequence[Prepared], ids: Sequence[tf.Tensor]) -> 
     # Each host's relays differ: a constant Grappler must not fold (comm.rank_tensor's reason).
     relays = comm._unfoldable(  # pylint: disable=protected-access
         tf.constant(np.array(host.hosts.relays(comm.rank()), np.int32)))
-    sent, order, splits = _by_destination(keys, tf.gather(relays, owner(keys)), len(host.ranks))
+    sent, order, splits = by_destination(keys, tf.gather(relays, owner(keys)), len(host.ranks))
     relayed, relayed_splits = comm.alltoall(sent, splits, within_host=True)
 
     merged, index = distinct(relayed)
-    crossing, cross_order, cross_splits = _by_destination(merged, owner(merged), n)
+    crossing, cross_order, cross_splits = by_destination(merged, owner(merged), n)
     received, received_splits = comm.alltoall(crossing, cross_splits)
     returned, _ = comm.alltoall(rows_of_keys(group, received), received_splits)
 
