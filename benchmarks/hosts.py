@@ -7,10 +7,12 @@ For each link rate (``scripts/local_hosts.sh up 2 --rate R``: tbf, this kernel h
 each shape (2 hosts x 1 worker, 2 hosts x 2 workers) :mod:`benchmarks.hosts_worker` trains one hb table, flat
 (``COLLECTIVE_HIERARCHICAL=0``) and hierarchical; with one worker per host both are the flat exchange
 (:func:`collective.sharding.planner.hierarchical_pays`), so that shape runs once. Each host's ``chosts`` link
-counts the bytes it sends; :func:`model_bytes` is the byte model of the same steps
-(:func:`collective.byte_model.cross_host_ids` on the workers' ids, each id 8 bytes out, its vector back and
-its gradient out again, plus TCP/IP/Ethernet framing per segment). The projection takes the same ids and
-rates to 128 hosts x 8 workers. Not part of ``make test``.
+counts the bytes it sends; :func:`modelled_steps` is the byte model of the same steps
+(:func:`benchmarks.projection.host_step_bytes`: :func:`collective.byte_model.cross_host_counts` on the workers'
+ids, each id 8 bytes out, its vector back and its gradient out again; :func:`wire_bytes` adds TCP/IP/Ethernet
+framing per segment). :func:`project` takes the same id model, the links' rates and the step time measured off
+the links to 128 hosts x 8 workers through :mod:`benchmarks.projection`'s two-level time model. Not part of
+``make test``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from benchmarks import projection
 from benchmarks.hosts_worker import ids_of
 from benchmarks.launching import hosts_command, worker_env
 from benchmarks.markdown import markdown_table
-from collective.byte_model import cross_host_ids
 from collective.cli import plots
 
 logger = logging.getLogger("benchmarks.hosts")
@@ -63,15 +65,34 @@ def run(out: str, steps: int, batch: int, vocab: int, dim: int) -> None:
         _hosts_script("down")
 
 
-def model_bytes(hosts: Sequence[Sequence[int]], record: dict, hierarchical: bool) -> Dict[str, float]:
-    """The byte model of a run's timed steps: payload crossing hosts and the same on the wire (framed)."""
+def link_rate(rate: str) -> float:
+    """Bits per second of a tc rate as the runs name it (``1gbit``, ``10gbit``, ``100mbit``)."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    raise ValueError(f"link rate {rate!r} is not a tc rate in {', '.join(units)} (e.g. 1gbit)")
+
+
+def fabric(rate: str, cross: projection.Fabric = None) -> projection.HostFabric:
+    """The two-level fabric of the report: NVLink within a host, each host's link shaped to ``rate`` (tbf: no
+    added latency), or ``cross`` in its place."""
+    cross = cross or projection.Fabric(f"{rate} per host (tbf)", link_rate(rate) / 8, 0.0)
+    return projection.HostFabric(f"{projection.FABRICS[0].name} within, {cross.name} across", projection.FABRICS[0],
+                                 cross)
+
+
+def modelled_steps(hosts: Sequence[Sequence[int]], record: dict, hierarchical: bool) -> List[projection.HostStepBytes]:
+    """:func:`benchmarks.projection.host_step_bytes` of each timed step of a run, on the ids its workers looked up."""
     n = sum(len(r) for r in hosts)
-    crossing = 0
-    for step in range(record["warmup"], record["warmup"] + record["steps"]):
-        ids = [ids_of(step, r, record["batch"], record["vocab"]) for r in range(n)]
-        crossing += cross_host_ids(ids, lambda i: np.asarray(i) % n, hosts, hierarchical)
-    payload = crossing * (ID_BYTES + 2 * record["dim"] * FLOAT_BYTES)
-    return {"ids": crossing, "payload": payload, "wire": payload + math.ceil(payload / MSS) * FRAME_HEADERS}
+    return [projection.host_step_bytes([ids_of(step, r, record["batch"], record["vocab"]) for r in range(n)], hosts,
+                                       record["dim"], hierarchical)
+            for step in range(record["warmup"], record["warmup"] + record["steps"])]
+
+
+def wire_bytes(payload: float) -> float:
+    """``payload`` bytes on the wire: TCP/IP/Ethernet framing per segment."""
+    return payload + math.ceil(payload / MSS) * FRAME_HEADERS
 
 
 def _hosts_of(shape_workers: int) -> List[List[int]]:
@@ -80,7 +101,8 @@ def _hosts_of(shape_workers: int) -> List[List[int]]:
 
 
 def load(out: str) -> List[dict]:
-    """One row per run: measured and modelled bytes per sample that crossed hosts, samples/s."""
+    """One row per run: measured and modelled bytes per sample that crossed hosts, samples/s, and the step's
+    seconds off the cross-host link (measured step seconds less the modelled link time at the run's rate)."""
     rows = []
     for where in sorted(glob.glob(os.path.join(out, "records", "*"))):
         rate, workers, mode = os.path.basename(where).split("_")
@@ -91,30 +113,37 @@ def load(out: str) -> List[dict]:
         sent = sum(first[h]["link"]["tx_bytes"] for h in first)
         rec = records[0]
         samples = rec["steps"] * rec["batch"] * int(workers)
-        model = model_bytes(hosts, rec, mode == "hierarchical")
+        steps = modelled_steps(hosts, rec, mode == "hierarchical")
+        payload = sum(float(step.cross.sum()) for step in steps)
+        link = float(np.mean([projection.host_projected_seconds(step, hosts, fabric(rate)) for step in steps]))
         seconds = max(r["seconds"] for r in records)
         rows.append({"rate": rate, "workers": int(workers), "exchange": mode,
                      "hierarchical_used": all(r["hierarchical"] for r in records),
                      "samples_per_s": samples / seconds, "measured_B_per_sample": sent / samples,
-                     "model_payload_B_per_sample": model["payload"] / samples,
-                     "model_wire_B_per_sample": model["wire"] / samples,
-                     "error": sent / model["wire"] - 1 if model["wire"] else float("nan"), "record": rec})
+                     "model_payload_B_per_sample": payload / samples,
+                     "model_wire_B_per_sample": wire_bytes(payload) / samples,
+                     "error": sent / wire_bytes(payload) - 1 if payload else float("nan"),
+                     "off_link_seconds": max(seconds / rec["steps"] - link, 0.0), "record": rec})
     return rows
 
 
-def projection(record: dict, hosts: int = 128, per_host: int = 8) -> Dict[str, float]:
-    """Cross-host bytes per sample at ``hosts`` x ``per_host`` from the same id model, flat and hierarchical."""
+def project(record: dict, off_link_seconds: float, fabrics: Sequence[projection.HostFabric], hosts: int = 128,
+            per_host: int = 8) -> List[dict]:
+    """Both exchanges at ``hosts`` x ``per_host`` workers on each fabric: bytes per sample by level (one step's
+    ids of the same id model) and samples/s with ``off_link_seconds`` per step besides the links."""
     n = hosts * per_host
     layout = [list(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
     ids = [ids_of(record["warmup"], r, record["batch"], record["vocab"]) for r in range(n)]
     samples = record["batch"] * n
-    row = ID_BYTES + 2 * record["dim"] * FLOAT_BYTES
-    return {mode: cross_host_ids(ids, lambda i: np.asarray(i) % n, layout, mode == "hierarchical") * row / samples
-            for mode in ("flat", "hierarchical")}
-
-
-def _bound(bits_per_second: float, bytes_per_sample: float, hosts: int = 128) -> float:
-    return bits_per_second / 8 * hosts / bytes_per_sample if bytes_per_sample else float("inf")
+    rows = []
+    for mode in ("flat", "hierarchical"):
+        step = projection.host_step_bytes(ids, layout, record["dim"], mode == "hierarchical")
+        for where in fabrics:
+            link = projection.host_projected_seconds(step, layout, where)
+            rows.append({"exchange": mode, "fabric": where.cross.name, "cross_B_per_sample": step.cross.sum() / samples,
+                         "intra_B_per_sample": step.intra.sum() / samples, "link_seconds": link,
+                         "samples_per_s": samples / (off_link_seconds + link), "link_bound": samples / link})
+    return rows
 
 
 def write_report(out: str) -> None:
@@ -133,7 +162,10 @@ def write_report(out: str) -> None:
             modelled = pair["flat"]["model_wire_B_per_sample"] / pair["hierarchical"]["model_wire_B_per_sample"]
             factors.append([rate, f"{measured:.3f}", f"{modelled:.3f}", f"{100 * (measured / modelled - 1):+.1f}%"])
     rec = rows[0]["record"] if rows else None
-    projected = projection(rec) if rec else {}
+    busy = [r["off_link_seconds"] for r in rows if r["workers"] == 4]
+    off_link = float(np.median(busy)) if busy else 0.0
+    fabrics = [fabric(rate) for rate in RATES] + [fabric(RATES[-1], projection.FABRICS[1])]
+    projected = project(rec, off_link, fabrics) if rec else []
     lines = ["# Several hosts: flat vs hierarchical exchange", "",
              "Regenerate: `sudo python -m benchmarks.hosts --out reports/hosts` (runs on simulated hosts, "
              "`scripts/local_hosts.sh`), or `--report_only` to rebuild this page from `records/`.", "",
@@ -143,7 +175,8 @@ def write_report(out: str) -> None:
              "has no netem, so `--delay` is refused and no latency is added." if rec else "", "",
              "Measured: the bytes each host's `chosts` link sent during the timed steps (`/sys/class/net/chosts/"
              "statistics/tx_bytes` in its namespace), summed over hosts, per sample. Model: "
-             "`collective.byte_model.cross_host_ids` on the same ids (8 bytes per id out, its vector back, its "
+             "`benchmarks.projection.host_step_bytes` (`collective.byte_model.cross_host_counts`) on the same ids "
+             "(8 bytes per id out, its vector back, its "
              f"gradient out), and on the wire with {FRAME_HEADERS} bytes of Ethernet/IPv4/TCP headers per "
              f"{MSS}-byte segment. The measured bytes also carry Horovod's coordination and TCP acknowledgements, "
              "which the model leaves out.", "",
@@ -154,13 +187,20 @@ def write_report(out: str) -> None:
              "With one worker per host the hierarchical exchange would send what the flat one sends "
              "(`planner.hierarchical_pays` is false): that shape runs flat only.", "",
              "## Projection: 128 hosts x 8 workers", "",
-             "The same id model and byte model at 1,024 workers (ids of one step, `id % N` owners):", "",
-             markdown_table(["exchange", "cross-host B/sample", "1 Gbit/s per host: samples/s bound",
-                             "10 Gbit/s per host"],
-                            [[m, f"{b:,.1f}", f"{_bound(1e9, b):,.0f}", f"{_bound(1e10, b):,.0f}"]
-                             for m, b in projected.items()]),
-             "The bound: global samples per second at which each host's link (bits/s / 8 bytes/s) carries its "
-             "share (1/128) of the cross-host bytes per sample; the step's compute is left out.", "",
+             "`benchmarks.projection`'s two-level model (`host_step_bytes`, `host_projected_seconds`) at 1,024 "
+             "workers on the same id model (ids of one step, `id % N` owners): bytes by level from "
+             "`collective.byte_model.cross_host_counts` across hosts and each rank's distinct ids to its owner "
+             "(flat) or relay (hierarchical) within a host; the busiest host's bytes at its link's rate, the "
+             "busiest rank's within its host at NVLink's, and a latency per all-to-all hop. Each step also takes "
+             f"{off_link * 1e3:,.0f} ms off the links: the median over the 2 x 2 runs above of the measured step "
+             "time less the model's link time at the run's rate (this machine's compute and intra-host exchange, "
+             "4 CPU workers on 2 cores), the same for both exchanges. Links: the measured runs' tbf rates per host "
+             "(no latency: none was added) and, for comparison, InfiniBand with its latency.", "",
+             markdown_table(["exchange", "link per host", "cross-host B/sample", "intra-host B/sample",
+                             "link time/step", "samples/s", "samples/s, links alone"],
+                            [[p["exchange"], p["fabric"], f"{p['cross_B_per_sample']:,.1f}",
+                              f"{p['intra_B_per_sample']:,.1f}", f"{p['link_seconds'] * 1e3:,.2f} ms",
+                              f"{p['samples_per_s']:,.0f}", f"{p['link_bound']:,.0f}"] for p in projected]),
              "Samples/s: CPU workers sharing 2 cores with each other (and the hosts' sshds), a few timed steps of "
              "under a second: CPU-bound and noisy, so they do not show the links' rates; the bytes are counted on "
              "the links.", "",

@@ -45,8 +45,9 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from collective.byte_model import bytes_per_sample, sent_bytes
+from collective.byte_model import bytes_per_sample, cross_host_counts, sent_bytes
 from collective.cli import add_flag
+from collective.runtime.hostmap import HostMap
 
 logger = logging.getLogger("benchmarks.projection")
 
@@ -213,6 +214,79 @@ def projected_seconds(step: StepBytes, n: int, fabric: Fabric) -> float:
         return 0.0
     hops = step.alltoall_calls * (n - 1) + step.other_calls * math.ceil(math.log2(n))
     return hops * fabric.latency + float(step.per_worker.max()) / fabric.bandwidth
+
+
+
+# ---------------------------------------------------------------- several hosts: two levels
+
+@dataclasses.dataclass(frozen=True)
+class HostFabric:
+    """Two levels of links: ``intra`` between the workers of one host (bandwidth per worker) and ``cross``,
+    each host's link to the others (bandwidth per host)."""
+
+    name: str
+    intra: Fabric
+    cross: Fabric
+
+
+@dataclasses.dataclass
+class HostStepBytes:
+    """Bytes of one step's row lookups on hosts, split by level, and the all-to-alls the exchange makes.
+
+    ``intra[r]``: bytes rank ``r`` sends to ranks of its own host; ``cross[h]``: bytes host ``h``'s link sends
+    to other hosts. ``alltoalls`` span every rank; ``host_alltoalls`` stay within each host.
+    """
+
+    intra: np.ndarray
+    cross: np.ndarray
+    alltoalls: int
+    host_alltoalls: int
+
+
+def host_step_bytes(ids_by_rank: Sequence[np.ndarray], hosts: Sequence[Sequence[int]], dim: int,
+                    hierarchical: bool) -> HostStepBytes:
+    """Bytes by level of one step of one hb table (``id % N`` owners) whose ranks ``hosts[h]`` run on host ``h``.
+
+    Across hosts: :func:`collective.byte_model.cross_host_counts` (the byte model the relays are tested
+    against): every id a host asks of another host sends 8 bytes and its gradient (``4*dim``) out, and its
+    vector (``4*dim``) comes back. Within a host each rank's distinct ids go to the rank of its host that takes
+    them (flat: the owner, where it is on this host; hierarchical: the relay,
+    :meth:`collective.runtime.hostmap.HostMap.relays`), the same bytes each way; the flat exchange is one
+    set of 3 all-to-alls (ids, vectors, gradients) over all ranks, the hierarchical one adds 3 within hosts.
+    """
+    n = sum(len(ranks) for ranks in hosts)
+    where = HostMap(tuple(tuple(ranks) for ranks in hosts))
+    asked, served = cross_host_counts(ids_by_rank, lambda i: np.asarray(i) % n, hosts, hierarchical)
+    out, incoming = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for ranks in hosts:
+        local = np.full(n, -1, np.int64)  # each owner's taker on this host, -1 where it is across hosts
+        if hierarchical:
+            local[:] = np.asarray(ranks)[where.relays(ranks[0])]
+        else:
+            local[list(ranks)] = ranks
+        for r in ranks:
+            taker = local[np.unique(np.asarray(ids_by_rank[r], np.int64)) % n]
+            moved = taker[(taker >= 0) & (taker != r)]
+            out[r] += moved.size
+            incoming += np.bincount(moved, minlength=n)
+    return HostStepBytes(intra=out * (8 + 4 * dim) + incoming * 4 * dim, cross=asked * (8 + 4 * dim) + served * 4 * dim,
+                         alltoalls=3, host_alltoalls=3 if hierarchical else 0)
+
+
+def host_projected_seconds(step: HostStepBytes, hosts: Sequence[Sequence[int]], fabric: HostFabric) -> float:
+    """Communication time of one step on hosts: :func:`projected_seconds`'s model on each level.
+
+    An all-to-all over all ranks takes ``per_host - 1`` hops within the host and ``N - per_host`` across
+    (``per_host`` the largest host's ranks), one within a host ``per_host - 1``; the busiest rank's bytes within
+    hosts cross at ``fabric.intra``'s bandwidth, the busiest host's bytes across hosts at ``fabric.cross``'s.
+    """
+    n, per_host = sum(len(ranks) for ranks in hosts), max(len(ranks) for ranks in hosts)
+    if n == 1:
+        return 0.0
+    intra_hops = (per_host - 1) * fabric.intra.latency
+    hops = step.alltoalls * (intra_hops + (n - per_host) * fabric.cross.latency) + step.host_alltoalls * intra_hops
+    return (hops + float(step.intra.max()) / fabric.intra.bandwidth
+            + (float(step.cross.max()) / fabric.cross.bandwidth if len(hosts) > 1 else 0.0))
 
 
 # ---------------------------------------------------------------- datasets

@@ -16,7 +16,7 @@ projection use the same functions, so measured and projected bytes agree.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
@@ -42,6 +42,26 @@ def bytes_per_sample(sent_by_all_workers: float, global_samples: float) -> float
     return float(sent_by_all_workers) / global_samples if global_samples else float("nan")
 
 
+def cross_host_counts(ids_by_rank: Sequence[Any], owner: Callable[[np.ndarray], np.ndarray],
+                      hosts: Sequence[Sequence[int]], hierarchical: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """Per host, ``(asked, served)`` of one row lookup step: ``asked[h]`` ids host ``h`` sends to other hosts
+    (each brings a vector back, and its gradient goes out again), ``served[h]`` ids other hosts send to ``h``
+    (its ranks own them). Arguments as :func:`cross_host_ids`, which is ``asked.sum()``."""
+    host_of = np.zeros(sum(len(ranks) for ranks in hosts), np.int64)
+    for h, ranks in enumerate(hosts):
+        host_of[list(ranks)] = h
+    groups = [list(ranks) for ranks in hosts] if hierarchical else [[r] for r in range(len(host_of))]
+    asked = np.zeros(len(hosts), np.int64)
+    served = np.zeros(len(hosts), np.int64)
+    for ranks in groups:
+        wanted = np.unique(np.concatenate([np.asarray(ids_by_rank[r], np.int64).reshape(-1) for r in ranks]))
+        owning = host_of[np.asarray(owner(wanted), np.int64)]
+        remote = owning[owning != host_of[ranks[0]]]
+        asked[host_of[ranks[0]]] += remote.size
+        served += np.bincount(remote, minlength=len(hosts))
+    return asked, served
+
+
 def cross_host_ids(ids_by_rank: Sequence[Any], owner: Callable[[np.ndarray], np.ndarray],
                    hosts: Sequence[Sequence[int]], hierarchical: bool) -> int:
     """Ids one row lookup step sends across hosts (each brings a vector back, and its gradient goes out again).
@@ -51,13 +71,4 @@ def cross_host_ids(ids_by_rank: Sequence[Any], owner: Callable[[np.ndarray], np.
     held on another host. Hierarchical (:mod:`collective.embedding.exchanges.hierarchical`): every host's
     distinct ids held on another host, once per host.
     """
-    host_of = np.zeros(sum(len(ranks) for ranks in hosts), np.int64)
-    for h, ranks in enumerate(hosts):
-        host_of[list(ranks)] = h
-    groups = [list(ranks) for ranks in hosts] if hierarchical else [[r] for r in range(len(host_of))]
-    crossing = 0
-    for ranks in groups:
-        asked = np.unique(np.concatenate([np.asarray(ids_by_rank[r], np.int64).reshape(-1) for r in ranks]))
-        owners = np.asarray(owner(asked), np.int64)
-        crossing += int(np.count_nonzero(host_of[owners] != host_of[ranks[0]]))
-    return crossing
+    return int(cross_host_counts(ids_by_rank, owner, hosts, hierarchical)[0].sum())

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import config as configs
 from benchmarks import id_model, projection, projection_report, real_projection, report
 from benchmarks.batches import synthetic_rows
+from collective import byte_model
 from datasets import schema
 from datasets.synthetic import cardinalities, zipf_ranks
 from datasets.synthetic.generate import rank_ids
@@ -65,6 +66,46 @@ def test_projection_time_model_and_movielens_rows():
     assert {(r["backend"], r["workers"]) for r in rows} == {(b, n) for b in projection.BACKENDS for n in (1, 2, 4)}
     assert all(r["bytes_per_step"] == 0 for r in rows if r["workers"] == 1)
     assert all(r["bytes_per_step"] > 0 for r in rows if r["workers"] > 1)
+
+
+
+def test_host_projection_counts_both_levels_by_hand():
+    # 3 ranks, host 0 = ranks 0 and 1, host 1 = rank 2; owner id % 3; dim 2: an id out with its gradient is
+    # 8 + 8 bytes, a vector back 8.
+    ids, hosts = [np.array([5, 2, 2, 1]), np.array([5, 3]), np.array([4, 0])], [[0, 1], [2]]
+    flat = projection.host_step_bytes(ids, hosts, 2, hierarchical=False)
+    # across: rank 0 asks 2 and 5, rank 1 asks 5 (owner 2), rank 2 asks 0 and 4 (owners 0 and 1)
+    assert flat.cross.tolist() == [3 * 16 + 2 * 8, 2 * 16 + 3 * 8]
+    # within host 0: rank 0 asks 1 of rank 1, rank 1 asks 3 of rank 0
+    assert flat.intra.tolist() == [16 + 8, 16 + 8, 0]
+    hier = projection.host_step_bytes(ids, hosts, 2, hierarchical=True)
+    # host 0 asks {2, 5} once, host 1 {0, 4}
+    assert hier.cross.tolist() == [2 * 16 + 2 * 8, 2 * 16 + 2 * 8]
+    # host 0's relays: owners 0 and 2 -> rank 0, owner 1 -> rank 1: rank 0 sends 1, rank 1 sends 3 and 5
+    assert hier.intra.tolist() == [16 + 2 * 8, 2 * 16 + 8, 0]
+    for step, hierarchical in ((flat, False), (hier, True)):
+        crossing = byte_model.cross_host_ids(ids, lambda i: np.asarray(i) % 3, hosts, hierarchical)
+        assert step.cross.sum() == crossing * (8 + 2 * 2 * 4)
+    two = projection.HostFabric("test", intra=projection.Fabric("in", bandwidth=8.0, latency=0.5),
+                                cross=projection.Fabric("across", bandwidth=16.0, latency=1.0))
+    # 3 all-to-alls over all ranks of 1 hop within and 1 across; the hierarchical exchange 3 more within host 0
+    assert projection.host_projected_seconds(flat, hosts, two) == pytest.approx(3 * 1.5 + 24 / 8 + 64 / 16)
+    assert projection.host_projected_seconds(hier, hosts, two) == pytest.approx(3 * 1.5 + 3 * 0.5 + 40 / 8 + 48 / 16)
+
+
+def test_host_projection_with_one_rank_per_host_is_the_flat_projection():
+    n, b, vocab, dim = 4, 6, 50, 3
+    ids = np.random.default_rng(3).integers(0, vocab, n * b)
+    hosts = [[r] for r in range(n)]
+    per_rank = [ids[r * b:(r + 1) * b] for r in range(n)]
+    flat = projection.step_bytes([ids], [vocab], dim, n, b, "hb")
+    for hierarchical in (False, True):
+        step = projection.host_step_bytes(per_rank, hosts, dim, hierarchical)
+        assert step.cross.tolist() == flat.per_worker.tolist() and step.intra.sum() == 0
+    fabric = projection.Fabric("test", bandwidth=100.0, latency=0.01)
+    two = projection.HostFabric("test", intra=projection.FABRICS[0], cross=fabric)
+    assert projection.host_projected_seconds(step, hosts, two) == pytest.approx(
+        projection.projected_seconds(flat, n, fabric))
 
 
 # ---------------------------------------------------------------- projection at real sizes: expected distinct ids
