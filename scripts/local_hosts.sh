@@ -10,7 +10,8 @@
 # a key pair made here logs in as root. `up` writes names into /etc/hosts and an ssh client configuration
 # (key, known host keys) into /etc/ssh/ssh_config.d, both marked as this script's and removed by `down`, so
 # `python -m collective.launch --hosts host0:2,host1:1 train.py` works as typed. --rate and --delay shape every
-# host's link in both directions (tc netem, or tbf for a rate where the kernel has no netem). The hosts share the machine's file system. Needs root, iproute2, tc
+# host's link in both directions (tc netem, or tbf for a rate where the kernel has no netem: there --delay is
+# refused before anything is touched). The hosts share the machine's file system. Needs root, iproute2, tc
 # and /usr/sbin/sshd (scripts/setup.sh installs it). `up` starts with a `down`: a leftover never gets in the way.
 set -euo pipefail
 
@@ -63,7 +64,13 @@ down() {
   rm -rf "$STATE"
 }
 
-# tc netem where the kernel has it (sch_netem); without it a rate alone is shaped with tbf and a delay is refused.
+# Whether the kernel has netem (sch_netem): a netem qdisc on the loopback of a throwaway network namespace.
+have_netem() {
+  unshare --net tc qdisc add dev lo root netem delay 1ms
+}
+
+# tc netem where the kernel has it (sch_netem); without it a rate alone is shaped with tbf (a delay was refused
+# before anything was made).
 shape() {
   local dev=$1 netns=$2
   [ -n "$RATE$DELAY" ] || return 0
@@ -78,7 +85,7 @@ shape() {
       || die "tc cannot shape $dev to --rate $RATE (tbf): is '$RATE' a tc rate such as 1gbit?"
     return 0
   fi
-  die "tc netem failed on $dev ($(cat "$STATE/tc.log")): --delay needs the kernel's netem qdisc (sch_netem); this kernel lacks it, so leave --delay out (--rate alone works with tbf)"
+  die "tc netem cannot shape $dev to${RATE:+ --rate $RATE} --delay $DELAY ($(cat "$STATE/tc.log")): are they tc values such as 1gbit and 100us?"
 }
 
 start_sshd() {
@@ -191,6 +198,11 @@ case "$command" in
         *) usage ;;
       esac
     done
+    # Refused before `up` takes down a running set. Without netem nothing here delays a packet: tbf and htb
+    # shape a rate only (the CI machine's kernel has neither netem nor fq nor prio, and no modules to load).
+    if [ -n "$DELAY" ] && [ "$(id -u)" = 0 ] && ! why=$(have_netem 2>&1); then
+      die "--delay $DELAY needs the kernel's netem qdisc (sch_netem), which this kernel lacks (tc: ${why//$'\n'/ }): leave --delay out; --rate alone is shaped with tbf"
+    fi
     # A failed `up` leaves nothing behind.
     trap 'status=$?; [ "$status" = 0 ] || down; exit "$status"' EXIT
     up "$count"
