@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import subprocess
-from typing import Dict, List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def link_rate(rate: str) -> float:
     raise ValueError(f"link rate {rate!r} is not a tc rate in {', '.join(units)} (e.g. 1gbit)")
 
 
-def fabric(rate: str, cross: projection.Fabric = None) -> projection.HostFabric:
+def fabric(rate: str, cross: Optional[projection.Fabric] = None) -> projection.HostFabric:
     """The two-level fabric of the report: NVLink within a host, each host's link shaped to ``rate`` (tbf: no
     added latency), or ``cross`` in its place."""
     cross = cross or projection.Fabric(f"{rate} per host (tbf)", link_rate(rate) / 8, 0.0)

@@ -108,6 +108,34 @@ def test_host_projection_with_one_rank_per_host_is_the_flat_projection():
         projection.projected_seconds(flat, n, fabric))
 
 
+
+def test_hosts_report_rows_and_projection_go_through_the_two_level_model(tmp_path):
+    from benchmarks import hosts  # pylint: disable=import-outside-toplevel  (imports the hosts' worker)
+    record = {"steps": 2, "batch": 8, "vocab": 50, "dim": 2, "warmup": 1, "hierarchical": True}
+    layout = [[0, 1], [2, 3]]
+    steps = hosts.modelled_steps(layout, record, hierarchical=True)
+    payload = sum(int(s.cross.sum()) for s in steps)
+    link = np.mean([projection.host_projected_seconds(s, layout, hosts.fabric("1gbit")) for s in steps])
+    where = tmp_path / "records" / "1gbit_4_hierarchical"
+    where.mkdir(parents=True)
+    for rank in range(4):  # each host's first rank reads its link: together they sent the framed model's bytes
+        sent = hosts.wire_bytes(payload) // 2 + (hosts.wire_bytes(payload) % 2 if rank == 2 else 0)
+        (where / f"rank{rank}.json").write_text(json.dumps(dict(record, rank=rank, seconds=0.5 + rank / 100,
+                                                                link={"tx_bytes": sent if rank in (0, 2) else 0})))
+    [row] = hosts.load(str(tmp_path))
+    assert row["error"] == 0 and row["model_payload_B_per_sample"] == payload / (2 * 8 * 4)
+    assert row["off_link_seconds"] == pytest.approx(0.53 / 2 - link)
+    assert hosts.link_rate("10gbit") == 1e10
+    fabric = hosts.fabric("10gbit")
+    rows = hosts.project(record, 0.1, [fabric], hosts=2, per_host=2)
+    ids = [hosts.ids_of(1, r, 8, 50) for r in range(4)]
+    for row, hierarchical in zip(rows, (False, True)):
+        step = projection.host_step_bytes(ids, layout, 2, hierarchical)
+        seconds = projection.host_projected_seconds(step, layout, fabric)
+        assert row["samples_per_s"] == pytest.approx(32 / (0.1 + seconds))
+        assert row["cross_B_per_sample"] == pytest.approx(step.cross.sum() / 32)
+
+
 # ---------------------------------------------------------------- projection at real sizes: expected distinct ids
 
 def test_expected_distinct_ids_match_numpy_sampling():
