@@ -239,6 +239,12 @@ REGRESSIONS = {
     "keras-legacy-global-clipnorm-tables-of-1-row-2-workers": _program(
         family="keras_legacy", call="tf_gradients", kind="adagrad", transform="keras_clipnorm", clip=0.5,
         tables=[_table(vocab=1, entry="keras_embedding"), _table("user", 1, "shared_column")]),
+    # A regularizer makes a sharded table's tf.gradients gradient dense; with no sparse gradient beside it, legacy
+    # Keras' apply_gradients passes every gradient through one IdentityN (its replica sum), and global_clipnorm took
+    # this worker's rows' norm, not the norm attached before (seed 8030's p84/p85: 0.2% at step 2).
+    "keras-legacy-global-clipnorm-regularized-table-2-workers": _program(
+        family="keras_legacy", call="tf_gradients", kind="adagrad", transform="keras_clipnorm",
+        tables=[_table(entry="sparse_mean", regularizer=0.05)]),
     # The one plain process's check of a checkpoint restored a hash column's legacy Keras slots ("Adam/<table>/m",
     # outside the table's scope) over its stand-in's, in the checkpoint's key order: its next steps were wrong.
     "keras-legacy-adam-hash-column-mts-sok-1-to-1": _program(

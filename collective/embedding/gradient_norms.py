@@ -102,6 +102,7 @@ def carry(grad, averaged) -> None:
     old, new = (g.values if isinstance(g, tf.IndexedSlices) else g for g in (grad, averaged))
     if not _is_attached(old) or not hasattr(new, "graph"):
         return
+    old = _attached_source(old)
     _attached.setdefault(new.graph, {})[new.ref()] = _attached[old.graph][old.ref()]
     _owners.setdefault(new.graph, {})[new.ref()] = _owners.get(old.graph, {}).get(old.ref(), "?")
 
@@ -131,15 +132,16 @@ def refuse_foreign_norms(pairs) -> None:
     grads = [g for g in grads if isinstance(g, tf.Tensor)]
     if tf.executing_eagerly() or not grads or not _attached.get(grads[0].graph):
         return
-    attached, owners = _attached[grads[0].graph], _owners.get(grads[0].graph, {})
+    owners = _owners.get(grads[0].graph, {})
     seen, stack = set(), [g.op for g in grads]
     while stack:
         op = stack.pop()
         if op in seen:
             continue
         seen.add(op)
-        if op.type == "L2Loss" and "global_norm" in op.name and op.inputs[0].ref() in attached:
-            name = owners.get(op.inputs[0].ref(), "?")
+        source = _attached_source(op.inputs[0]) if op.type == "L2Loss" and "global_norm" in op.name else None
+        if source is not None:
+            name = owners.get(source.ref(), "?")
             raise ValueError(
                 f"tf.clip_by_global_norm (tf.linalg.global_norm) ran outside the strategy's scope() over the "
                 f"gradient of the table '{name}': TensorFlow's own global norm sums this worker's slices only, so "
@@ -198,12 +200,13 @@ def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf
 def _square_norm(t) -> tf.Tensor:
     values = t.values if isinstance(t, tf.IndexedSlices) else t
     values = tf.convert_to_tensor(values)
-    attached = _attached.get(values.graph, {}) if hasattr(values, "graph") else {}
-    if values.ref() in attached:
-        if callable(attached[values.ref()]):  # built the first time a norm asks, so unused norms cost nothing
-            with values.graph.as_default():
-                attached[values.ref()] = attached[values.ref()]()
-        return attached[values.ref()]
+    source = _attached_source(values)
+    if source is not None:
+        attached = _attached[source.graph]
+        if callable(attached[source.ref()]):  # built the first time a norm asks, so unused norms cost nothing
+            with source.graph.as_default():
+                attached[source.ref()] = attached[source.ref()]()
+        return attached[source.ref()]
     return tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
 
 
@@ -221,6 +224,25 @@ def global_norm(t_list, name=None):
 
 def _is_attached(t) -> bool:
     values = t.values if isinstance(t, tf.IndexedSlices) else t
+    return isinstance(values, tf.Tensor) and _attached_source(values) is not None
+
+
+def _attached_source(values) -> Optional[tf.Tensor]:
+    """``values``, or the tensor it passes on unchanged through identities, that carries a norm; else None.
+
+    Keras' legacy ``apply_gradients`` sums gradients over replicas (one, outside a ``tf.distribute`` strategy);
+    when none of them is ``IndexedSlices``, that sum is a ``custom_gradient`` which returns each gradient through
+    one ``IdentityN``: a table's dense gradient (a regularizer made it dense) reached ``global_clipnorm`` as a new
+    tensor, its norm lost.
+    """
     if not hasattr(values, "graph") or not isinstance(values, tf.Tensor):
-        return False
-    return values.ref() in _attached.get(values.graph, {})
+        return None
+    attached = _attached.get(values.graph, {})
+    while values.ref() not in attached:
+        if values.op.type == "Identity":
+            values = values.op.inputs[0]
+        elif values.op.type == "IdentityN":
+            values = values.op.inputs[values.value_index]
+        else:
+            return None
+    return values
