@@ -339,6 +339,47 @@ def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
             np.testing.assert_array_equal(sess.run(table), want)
 
 
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+def test_a_delta_of_a_table_held_whole_restores_where_the_table_is_sharded(tmp_path, use_resource):
+    """Regression (issue 42, seed 8030's p76/p175/p288/p289): a table with fewer rows than workers is an ordinary
+    variable, and a delta holds it and its slots whole (no ``/keys``). Resumed on 1 worker, where the table is
+    sharded, the chain's restore read it as keyed rows, found none and left the base's rows (a step stale). Here
+    one process writes the chain with the table made outside ``embedding_scope()`` (an ordinary variable) and
+    restores it with the table inside (sharded); resource and reference (TF1) variables."""
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / "model.ckpt")
+
+    def build(sharded: bool):
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        with strategy.embedding_scope() if sharded else contextlib.nullcontext():
+            table = tf.compat.v1.get_variable("t", [2, 2], initializer=tf.compat.v1.ones_initializer(),
+                                              use_resource=use_resource)
+        loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids)))
+        train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
+        return ids, [table] + [v for v in tf.compat.v1.global_variables() if v.op.name == "t/Adagrad"], train
+
+    with strategy.scope(), tf.Graph().as_default():
+        ids, variables, train = build(sharded=False)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [0, 1]})
+            saver.save(sess, path, global_step=1)
+            sess.run(train, {ids: [0]})
+            delta = saver.save_incremental(sess, path, global_step=2)
+            want = sess.run(variables)
+    assert "t/keys" not in dict(tf.train.list_variables(delta))
+    with strategy.scope(), tf.Graph().as_default():
+        ids, variables, train = build(sharded=True)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            Saver().restore(sess, delta)
+            got = sess.run(variables)
+    assert len(got) == 2
+    for name, a, b in zip(("t", "t/Adagrad"), got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 def test_a_damaged_base_is_refused_before_anything_is_written(tmp_path):
     """Regression (issue 40, 7): the chain check compared the base's index checksum and its data files' sizes
     only; a flipped byte in a data file passed, and the restore failed with TensorFlow's DataLossError after
