@@ -525,10 +525,10 @@ class Saver(saver_lib.Saver):
             if not np.array_equal(keys, np.arange(shape[0])):
                 raise CheckpointMismatchError(
                     f"table {name}: delta {delta} holds {len(keys)} of its {shape[0]} rows by key, in the writers' "
-                    f"order (the table was sharded where the delta was written); on {comm.world_size()} workers it has fewer rows than "
-                    "workers, an ordinary variable restored whole, and those rows cannot be. Resume this chain on "
-                    f"at most {shape[0]} workers and save a full checkpoint there (saver.save), or restore the "
-                    "chain's full checkpoint alone")
+                    f"order (the table was sharded where the delta was written); on {comm.world_size()} workers it "
+                    "has fewer rows than workers, an ordinary variable restored whole, and those rows cannot be. "
+                    f"Resume this chain on at most {shape[0]} workers and save a full checkpoint there (saver.save), "
+                    "or restore the chain's full checkpoint alone")
 
     def last_chain(self) -> Optional[manifest.Chain]:
         """The chain the next :meth:`save_incremental` extends (None before any save or restore)."""
