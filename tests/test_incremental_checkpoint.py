@@ -26,7 +26,8 @@ import pytest
 import tensorflow as tf
 
 from collective import CollectiveStrategy
-from collective.checkpoint import ChainError, CheckpointError, Saver, latest_incremental_checkpoint, manifest, touched
+from collective.checkpoint import (ChainError, CheckpointError, CheckpointMismatchError, Saver,
+                                  latest_incremental_checkpoint, manifest, touched)
 
 from launcher import run_workers, start_workers
 from test_restart import START_TIMEOUT, Output, read_pid, still_running
@@ -337,6 +338,75 @@ def test_a_chain_that_mixes_two_training_histories_is_refused(tmp_path):
         with tf.compat.v1.Session() as sess:
             Saver().restore(sess, latest_incremental_checkpoint(str(tmp_path)))
             np.testing.assert_array_equal(sess.run(table), want)
+
+
+def _chain_of_a_small_table(tmp_path, sharded: bool, use_resource: bool, second_batch):
+    """One process's chain (full save, one delta) of a 2 x 2 table ``t`` trained by Adagrad, made inside
+    ``embedding_scope()`` (``sharded``: a delta holds its rows by key) or outside (an ordinary variable, as a
+    table with fewer rows than workers is: a delta holds it whole); ``(delta, [t, t/Adagrad])``."""
+    strategy = CollectiveStrategy("hb")
+    path = str(tmp_path / f"{sharded}-{use_resource}" / "model.ckpt")
+    with strategy.scope(), tf.Graph().as_default():
+        ids, variables, train = _small_table(strategy, sharded, use_resource)
+        saver = Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {ids: [0, 1]})
+            saver.save(sess, path, global_step=1)
+            sess.run(train, {ids: second_batch})
+            return saver.save_incremental(sess, path, global_step=2), sess.run(variables)
+
+
+def _small_table(strategy, sharded: bool, use_resource: bool):
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    with strategy.embedding_scope() if sharded else contextlib.nullcontext():
+        table = tf.compat.v1.get_variable("t", [2, 2], initializer=tf.compat.v1.ones_initializer(),
+                                          use_resource=use_resource)
+    loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids)))
+    train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
+    return ids, [table] + [v for v in tf.compat.v1.global_variables() if v.op.name == "t/Adagrad"], train
+
+
+def _restore_small_table(delta: str, sharded: bool, use_resource: bool) -> list:
+    strategy = CollectiveStrategy("hb")
+    with strategy.scope(), tf.Graph().as_default():
+        _, variables, _ = _small_table(strategy, sharded, use_resource)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            Saver().restore(sess, delta)
+            got = sess.run(variables)
+    assert len(got) == 2
+    return got
+
+
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+def test_a_delta_of_a_table_held_whole_restores_where_the_table_is_sharded(tmp_path, use_resource):
+    """Regression (issue 42, seed 8030's p76/p175/p288/p289): a table with fewer rows than workers is an ordinary
+    variable, and a delta holds it and its slots whole (no ``/keys``). Resumed on 1 worker, where the table is
+    sharded, the chain's restore read it as keyed rows, found none and left the base's rows (a step stale). Here
+    one process writes the chain with the table an ordinary variable and restores it sharded; resource and
+    reference (TF1) variables."""
+    delta, want = _chain_of_a_small_table(tmp_path, False, use_resource, [0])
+    assert "t/keys" not in dict(tf.train.list_variables(delta))
+    for name, got, value in zip(("t", "t/Adagrad"), _restore_small_table(delta, True, use_resource), want):
+        np.testing.assert_array_equal(got, value, err_msg=name)
+
+
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+def test_a_delta_of_some_rows_of_a_sharded_table_is_refused_where_the_table_is_an_ordinary_variable(
+        tmp_path, use_resource):
+    """The other way (issue 42): where a delta was written the table was sharded and the delta holds the rows
+    trained since the base by key; where the table is an ordinary variable (fewer rows than workers) the chain's
+    last delta is read whole. All rows in order restore; some rows (or rows in another order: a row-wise table
+    of 4 rows written by 2 workers holds keys 0, 2, 1, 3) were a [1, 2] table under TF2, silently, and are now
+    refused (before anything is written), naming the table."""
+    delta, want = _chain_of_a_small_table(tmp_path, True, use_resource, [0, 1])
+    for name, got, value in zip(("t", "t/Adagrad"), _restore_small_table(delta, False, use_resource), want):
+        np.testing.assert_array_equal(got, value, err_msg=name)
+    delta, _ = _chain_of_a_small_table(tmp_path / "some", True, use_resource, [0])
+    with pytest.raises(CheckpointMismatchError, match=r"table t: delta .*model.ckpt-2.delta holds 1 of its 2 rows "
+                                                       r"by key.* Resume this chain on at most 2 workers"):
+        _restore_small_table(delta, False, use_resource)
 
 
 def test_a_damaged_base_is_refused_before_anything_is_written(tmp_path):

@@ -254,6 +254,10 @@ REGRESSIONS = {
     # worker wrote no part: the merge of the first checkpoint failed (seed 2028's p27 and p29, drawn placements).
     "column-wise-table-of-2-rows-3-workers": _program(
         workers=3, kind="adagrad", tables=[_table(vocab=2, entry="sparse_mean", placement="column_wise")]),
+    # Issue 42's (seed 8030's p76, p175, p288, p289): a table with fewer rows than workers is an ordinary variable,
+    # written whole into a delta; resumed on 1 worker, where it is a sharded table, the chain's restore read it as
+    # keyed rows, found no keys and left it as the full checkpoint had it (a step stale).
+    "table-of-1-row-delta-resumed-2-to-1-workers": _program(resume=1, engine="session", tables=[_table(vocab=1)]),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")] + _column_wise_beside(backend, n))

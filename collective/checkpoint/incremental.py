@@ -14,7 +14,10 @@ optimizer counters) are written whole by rank 0, as in a full checkpoint.
 Restoring a delta under any number of workers reads its blocks one at a
 time, keeps the keys this worker owns and writes them over the rows
 restored so far: a fixed table at their local rows, a hash table by
-insert-or-update (new keys get rows, known keys are overwritten).
+insert-or-update (new keys get rows, known keys are overwritten). A fixed
+table the delta holds whole, without keys, was an ordinary variable where
+the delta was written (fewer rows than workers); it is restored whole, its
+rows this worker holds read as from a full checkpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class DeltaTable:
     rows: tf.Tensor = None
     restore_block: tf.Operation = None
     block_feed: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # A fixed table: its rows and slots read from a delta that holds them whole (see the module docstring).
+    restore_whole: tf.Operation = None
     # A hash table with a vocabulary policy: the keys evicted since the last save (written, then removed on restore).
     tombstone_save: tf.Tensor = None
     tombstone_splits: tf.Tensor = None
@@ -148,12 +153,28 @@ def build_restore(table: DeltaTable, prefix: tf.Tensor, rank: int, world_size: i
         prefix, table.name, table.variables, owner, [checkpoint_key(v, names) for v in table.variables])
     if info.hash_index is None:
         table.restore_block = logical.assign_owned(table.variables, info, keys, values)
+        table.restore_whole = _restore_whole(table, prefix, names)
     else:
         table.restore_block = logical.insert_rows(info.hash_index, table.variables, keys, values)
         table.unpoliced = hash_tables.build_unpoliced(info.hash_index, table.variables, table.name, prefix, owner)
     if table.dynamic is not None:
         gone, _, table.tombstone_feed = hash_tables.read_keyed(prefix, tombstones_key(table.name), [], owner, [])
         table.tombstone_restore = table.dynamic.remove(gone, touched_masks)
+
+
+def _restore_whole(table: DeltaTable, prefix: tf.Tensor, names: Optional[Mapping[int, str]]) -> tf.Operation:
+    """Assigns this worker's rows of ``table`` and its slots from a delta that holds them whole."""
+    info = table.info
+    whole = tf.constant([0, info.vocab], tf.int64)
+    return tf.group(*[var.assign(layout.restore_rows(prefix, checkpoint_key(var, names), whole,
+                                                     [info.vocab, info.dim], var.dtype.base_dtype, info.layout),
+                                 read_value=False) for var in table.variables])
+
+
+def stored_whole(reader, name: str) -> bool:
+    """Whether the delta ``reader`` reads holds table ``name`` whole: written where it was an ordinary variable
+    (fewer rows than workers), by rank 0 like a dense layer, with no ``<name>/keys``."""
+    return reader.has_tensor(name) and not reader.has_tensor(hash_tables.keys_key(name))
 
 
 def touched_masks(values: tf.Variable) -> List:
@@ -168,8 +189,12 @@ def restore(sess, table: DeltaTable, prefix: str, prefix_tensor: tf.Tensor, spli
     A hash table with a policy first drops the keys the delta marks evicted
     (``tombstone_splits``: their stored bounds); keys written again later are then re-inserted.
     Returns True when the delta (read by ``reader``) holds a policy table's rows without their usage (written
-    without a policy): rows and slots are restored, and the caller runs ``table.unpoliced.assume``.
+    without a policy): rows and slots are restored, and the caller runs ``table.unpoliced.assume``. A fixed table
+    the delta holds whole (:func:`stored_whole`) is restored from it whole.
     """
+    if table.restore_whole is not None and reader is not None and stored_whole(reader, table.name):
+        sess.run(table.restore_whole, {prefix_tensor: prefix})
+        return False
     if table.tombstone_restore is not None and tombstone_splits is not None:
         hash_tables.run_blocks(sess, table.tombstone_restore, table.tombstone_feed, prefix_tensor, prefix,
                                tombstone_splits)

@@ -44,7 +44,8 @@ from tensorflow.core.protobuf import saver_pb2
 from collective import comm
 from collective.runtime import heartbeat
 from collective.checkpoint import hash_tables, incremental, layout, manifest, touched
-from collective.checkpoint.model_dir import check_shapes, checkpoint_key, model_shapes, sharded_names, split_var_list
+from collective.checkpoint.model_dir import (CheckpointMismatchError, check_shapes, checkpoint_key, model_shapes,
+                                             sharded_names, split_var_list)
 from collective.embedding.table import shard_of
 from collective.sharding import runtime as sharding_runtime
 from collective.sharding.plan import ShardingPlan
@@ -484,6 +485,7 @@ class Saver(saver_lib.Saver):
             prefix = self._newest_chain_on(prefix)
         chain = manifest.verify_chain(prefix)
         if chain.deltas:
+            self._check_keyed_variables(chain.deltas[-1])
             self._ensure_delta_ops()
         unpoliced = self._restore_full(sess, chain.base)
         for delta in chain.deltas:
@@ -505,6 +507,28 @@ class Saver(saver_lib.Saver):
         self._start_chain(sess, chain.base)
         self._chain = chain
         self._last_restore = (weakref.ref(sess), prefix)
+
+    def _check_keyed_variables(self, delta: str) -> None:
+        """Raises :class:`CheckpointMismatchError` where ``delta`` (a chain's last) holds an ordinary variable of
+        this model as keyed rows other than all its rows in order.
+
+        A table with fewer rows than workers is an ordinary variable, restored from the chain's last delta whole;
+        where that delta was written the table was sharded, and its delta holds the rows trained since the save
+        before (``<table>/keys``), in the writers' order: read whole they are other rows, or another shape.
+        """
+        reader = tf.compat.v1.train.NewCheckpointReader(delta)
+        for name in _flat_specs(self._saveables)[0]:
+            shape = self._expected_shapes.get(name)
+            if not shape or shape[0] is None or not reader.has_tensor(hash_tables.keys_key(name)):
+                continue
+            keys = reader.get_tensor(hash_tables.keys_key(name))
+            if not np.array_equal(keys, np.arange(shape[0])):
+                raise CheckpointMismatchError(
+                    f"table {name}: delta {delta} holds {len(keys)} of its {shape[0]} rows by key, in the writers' "
+                    f"order (the table was sharded where the delta was written); on {comm.world_size()} workers it "
+                    "has fewer rows than workers, an ordinary variable restored whole, and those rows cannot be. "
+                    f"Resume this chain on at most {shape[0]} workers and save a full checkpoint there (saver.save), "
+                    "or restore the chain's full checkpoint alone")
 
     def last_chain(self) -> Optional[manifest.Chain]:
         """The chain the next :meth:`save_incremental` extends (None before any save or restore)."""
