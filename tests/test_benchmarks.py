@@ -115,6 +115,22 @@ def test_config_errors_name_the_file(tmp_path):
         configs.load(str(bad))
     with pytest.raises(configs.ConfigError, match="no benchmark configuration 'nope'"):
         configs.load("nope")
+    for tables in (0, 27, 2.5, True):
+        bad.write_text(json.dumps({"tables": tables}))
+        with pytest.raises(configs.ConfigError, match=rf"bad\.json: tables must be a whole number from 1 to 26.*"
+                                                      rf"got {tables!r}"):
+            configs.load(str(bad))
+    bad.write_text(json.dumps({"parallel_launches": "yes"}))
+    with pytest.raises(configs.ConfigError, match=r"bad\.json: parallel_launches must be true or false, got 'yes'"):
+        configs.load(str(bad))
+
+
+def test_tables_key_keeps_the_first_criteo_columns():
+    tiny = configs.load("tiny")
+    assert tiny["tables"] == 4 and all(r["tables"] == 4 for r in configs.matrix(tiny))
+    assert configs.table_sizes(tiny) == cardinalities(tiny["scale"])[:4]
+    assert min(configs.table_sizes(tiny)) >= 3, "every tiny table is sharded on 3 workers (hb moves the lower bound)"
+    assert configs.load("quick")["tables"] == 26 and len(configs.table_sizes({"scale": 0.01})) == 26
 
 
 def test_quick_config_runs_the_headline_and_its_baselines():
