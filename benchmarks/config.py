@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
+
+from datasets import schema
+from datasets.synthetic import cardinalities
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 BACKENDS = ("hb", "sok", "replicated")
@@ -34,6 +37,8 @@ DEFAULTS: Dict[str, Any] = {
     "repeats": 3,
     "dim": 16,
     "scale": 0.01,
+    # the models read the first `tables` of the 26 Criteo id columns (C1..C<tables>), one table each
+    "tables": 26,
     "api": "feature_columns",
     "bottom_mlp": [64, 32],  # hidden layers; DLRM's last bottom layer is the embedding dim
     "top_mlp": [64, 32],  # hidden layers; DLRM's last top layer is the logit
@@ -45,6 +50,9 @@ DEFAULTS: Dict[str, Any] = {
     # One launch per worker count running its runs one after another (fast,
     # for tests; peak memory is then the process's peak so far).
     "share_launch": False,
+    # The launches (one per run, or per worker count with share_launch) all at once instead of one after another
+    # (for tests: their runs then contend for the cores, so the timings mean nothing).
+    "parallel_launches": False,
     # Workers forked from a launcher that imported TensorFlow once (``--preload``; fast, for tests): step times
     # are the same, but a forked worker's peak RSS leaves out the imported pages it never touches (~200 MB).
     "preload": False,
@@ -70,6 +78,19 @@ def _check_modes(path: str, where: str, modes: Any) -> None:
                               f"got {counts!r}")
         if mode in SINGLE_PROCESS and counts != [1]:
             raise ConfigError(f"{path}: {where}.{mode} is one TensorFlow process: give it [1], not {counts!r}")
+
+
+def _check_tables(path: str, tables: Any) -> None:
+    count = len(schema.CATEGORICAL)
+    if isinstance(tables, bool) or not isinstance(tables, int) or not 1 <= tables <= count:
+        raise ConfigError(f"{path}: tables must be a whole number from 1 to {count} (the models then read the "
+                          f"first that many Criteo id columns C1..), got {tables!r}")
+
+
+def table_sizes(spec: Dict[str, Any]) -> Tuple[int, ...]:
+    """Rows of a run's tables: Criteo Kaggle's at ``scale``, the first ``tables`` of the 26 (all 26 in a record
+    written before the key existed)."""
+    return tuple(cardinalities(float(spec["scale"])))[:int(spec.get("tables", len(schema.CATEGORICAL)))]
 
 
 def modes_of(config: Dict[str, Any], model: str) -> Dict[str, List[int]]:
@@ -109,6 +130,9 @@ def load(name: str) -> Dict[str, Any]:
     for where, modes in [("modes", config["modes"])] + [(f"model_modes.{m}", v)
                                                         for m, v in config["model_modes"].items()]:
         _check_modes(path, where, modes)
+    _check_tables(path, config["tables"])
+    if not isinstance(config["parallel_launches"], bool):
+        raise ConfigError(f"{path}: parallel_launches must be true or false, got {config['parallel_launches']!r}")
     from benchmarks import models  # pylint: disable=import-outside-toplevel
 
     bad = [m for m in config["models"] if m not in models.MODELS]
@@ -132,8 +156,8 @@ def worker_counts(config: Dict[str, Any]) -> List[int]:
 def matrix(config: Dict[str, Any]) -> List[Dict[str, Any]]:
     """One spec per run: model x global batch x worker count x mode (baselines first)."""
     runs = []
-    keys = ("warmup", "steps", "repeats", "dim", "scale", "api", "bottom_mlp", "top_mlp", "dnn", "learning_rate",
-            "seed", "train_batches")
+    keys = ("warmup", "steps", "repeats", "dim", "scale", "tables", "api", "bottom_mlp", "top_mlp", "dnn",
+            "learning_rate", "seed", "train_batches")
     for model in config["models"]:
         modes = modes_of(config, model)
         order = [m for m in BASELINES + BACKENDS if m in modes]  # baselines first

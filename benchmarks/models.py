@@ -19,7 +19,7 @@ Tables are built through ``params['api']``: ``feature_columns`` (default:
 - ``dlrm_outside_scope``: DLRM whose tables the program keeps outside
   ``embedding_scope()``: plain TensorFlow tables in every mode, under
   ``scope()`` replicated on every worker and averaged like dense variables.
-- ``embedding``: the embedding-only step. The 26 tables' vectors and the 13
+- ``embedding``: the embedding-only step. The tables' vectors (all 26, or the first ``tables``) and the 13
   dense features feed one linear layer: almost all parameters and all the
   traffic are in the tables.
 """
@@ -31,24 +31,26 @@ from typing import Any, Callable, Dict, Mapping, Tuple
 
 import tensorflow as tf
 
+from benchmarks import config as configs
 from datasets import schema
-from datasets.synthetic import cardinalities
 
 Builder = Callable[[Mapping[str, tf.Tensor], tf.Tensor, Mapping[str, Any], bool], Tuple[tf.Tensor, tf.Tensor]]
 APIS = ("feature_columns", "variables")
 
 
 def table_sizes(params: Mapping[str, Any]) -> Tuple[int, ...]:
-    """Rows of the 26 tables for the synthetic data's ``scale``."""
-    return cardinalities(float(params["scale"]))
+    """Rows of the run's tables for the synthetic data's ``scale``: the first ``tables`` of the 26."""
+    return configs.table_sizes(params)
 
 
 def zoo_params(params: Mapping[str, Any], sharded: bool) -> Dict[str, Any]:
     """The model zoo's ``params`` for a harness run: Criteo spec of the run's scale, dim, seed, MLPs, API."""
-    from modelzoo.spec import criteo_spec  # pylint: disable=import-outside-toplevel
+    from modelzoo.spec import FeatureSpec  # pylint: disable=import-outside-toplevel
 
     dim = int(params["dim"])
-    return {"spec": criteo_spec(table_sizes(params)), "embedding_dim": dim, "task": "binary", "target": "label",
+    spec = FeatureSpec(numeric=tuple(schema.DENSE), categorical=tuple(zip(schema.CATEGORICAL, table_sizes(params))),
+                       labels=(schema.LABEL,))
+    return {"spec": spec, "embedding_dim": dim, "task": "binary", "target": "label",
             "optimizer": "adagrad", "learning_rate": float(params["learning_rate"]), "seed": int(params["seed"]),
             "plain": not sharded, "embedding_api": params.get("api", "feature_columns"),
             "bottom_mlp": list(params.get("bottom_mlp", [64, 32])) + [dim],
@@ -58,13 +60,14 @@ def zoo_params(params: Mapping[str, Any], sharded: bool) -> Dict[str, Any]:
 
 def embedding_only(features: Mapping[str, tf.Tensor], labels: tf.Tensor, params: Mapping[str, Any],
                    sharded: bool) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The embedding-only step: the 26 tables and the dense features into one linear layer."""
+    """The embedding-only step: the tables (26, or the first ``tables``) and the dense features into one linear
+    layer."""
     from modelzoo.features import embedding_layer, numeric_tensor  # pylint: disable=import-outside-toplevel
 
     zoo = zoo_params(params, sharded)
     vectors = embedding_layer(features, zoo["spec"], zoo["embedding_dim"], "embedding", zoo["seed"], stddev=0.05,
                               sharded=sharded, api=zoo["embedding_api"])
-    inputs = tf.concat([tf.reshape(vectors, [-1, len(schema.CATEGORICAL) * zoo["embedding_dim"]]),
+    inputs = tf.concat([tf.reshape(vectors, [-1, len(zoo["spec"].categorical) * zoo["embedding_dim"]]),
                         numeric_tensor(features, zoo["spec"])], axis=1)
     logits = tf.compat.v1.layers.dense(
         inputs, 1, name="head", kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=zoo["seed"]))[:, 0]

@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.config import TABLES_OUTSIDE_SCOPE
+from benchmarks.config import TABLES_OUTSIDE_SCOPE, table_sizes
 from benchmarks.id_model import PowerLaw, expected_owned, expected_unique
 from benchmarks.projection import (BACKENDS, FABRICS, WORKER_COUNTS, TableTraffic, head_param_bytes,
                                    lower_bound_bytes, model_tables, projected_seconds, traffic_bytes)
@@ -90,11 +90,12 @@ def expected_tables(vocabs: Sequence[int], model: str, dim: int, n: int, batch_s
             for column, size, width, group in zip(columns, sizes, dims, groups)]
 
 
-def _dense_bytes(model: str, dim: int, given: Optional[Sequence[int]]) -> List[int]:
+def _dense_bytes(model: str, dim: int, given: Optional[Sequence[int]],
+                 tables: int = len(schema.CATEGORICAL)) -> List[int]:
     if given is not None:
         return list(given)
     if model == "embedding":
-        return head_param_bytes(len(schema.CATEGORICAL), dim, len(schema.DENSE))
+        return head_param_bytes(tables, dim, len(schema.DENSE))
     raise ValueError(f"model {model!r}: pass dense_param_bytes (the sizes of its dense variables; a benchmark "
                      f"worker reports them as dense_param_bytes)")
 
@@ -151,10 +152,9 @@ def calibration_rows(records: Iterable[Mapping[str, Any]], exponent: float = DEF
         b = int(record.get("worker_batch", record.get("batch_size")))
         if record.get("dense_param_bytes") is None and record["model"] != "embedding":
             continue
-        from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
-
-        dense = _dense_bytes(record["model"], spec["dim"], record.get("dense_param_bytes"))
-        tables = expected_tables(cardinalities(spec["scale"]), record["model"], spec["dim"], n, b, exponent)
+        sizes = table_sizes(spec)
+        dense = _dense_bytes(record["model"], spec["dim"], record.get("dense_param_bytes"), len(sizes))
+        tables = expected_tables(sizes, record["model"], spec["dim"], n, b, exponent)
         step, bound = traffic_bytes(tables, n, b, backend, dense), lower_bound_bytes(tables, n, dense)
         measured = float(record["bytes_per_sample"])
         model = bytes_per_sample(step.total, n * b)

@@ -15,6 +15,7 @@ Batch sizes are global: N workers each read ``global_batch // N`` rows a step.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -90,10 +91,9 @@ def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]
     if n == 1:
         return (0.0 if backend else None), 0.0
     from datasets import schema  # pylint: disable=import-outside-toplevel
-    from datasets.synthetic import cardinalities  # pylint: disable=import-outside-toplevel
 
     start, timed = spec["warmup"], spec["repeats"] * spec["steps"]
-    at, vocabs, dims, groups = projection.model_tables(spec["model"], cardinalities(spec["scale"]), spec["dim"])
+    at, vocabs, dims, groups = projection.model_tables(spec["model"], configs.table_sizes(spec), spec["dim"])
     projected, bounds = [], []
     for step in worker_steps(data_dir, n, b, start + timed)[start:]:
         ids = [np.concatenate([step[r][schema.CATEGORICAL[i]] for r in range(n)]) for i in at]
@@ -206,6 +206,22 @@ def launches(specs: List[Dict[str, Any]], share: bool) -> List[List[Dict[str, An
     return list(by_workers.values())
 
 
+def launch_all(groups: List[List[Dict[str, Any]]], data_dir: str, host: Dict[str, Any],
+               config: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """The records of every launch in ``groups``: one launch after another, or with the configuration's
+    ``parallel_launches`` all at once (each launch's records as it ends)."""
+    def one(group: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        return run_launch(group, data_dir, host, config["name"], config["timeout_s"], config["preload"])
+
+    if not config["parallel_launches"] or len(groups) < 2:
+        for group in groups:
+            yield from one(group)
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(one, group) for group in groups]):
+            yield from future.result()
+
+
 def progress_line(i: int, total: int, record: Dict[str, Any]) -> str:
     """One line per finished run."""
     head = f"[{i}/{total}] {record['model']:<9} {record['mode']:<10} N={record['workers']} B={record['global_batch']}"
@@ -271,14 +287,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failed = done = 0
     with tempfile.TemporaryDirectory(prefix="bench-data-") as data_dir:
         write_data(config, data_dir)
-        for group in launches(specs, config["share_launch"]):
-            for record in run_launch(group, data_dir, host, config["name"], config["timeout_s"],
-                                     config["preload"]):
-                done += 1
-                failed += record["status"] != "ok"
-                with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
-                    json.dump(record, f, indent=1)
-                print(progress_line(done, len(specs), record), flush=True)
+        for record in launch_all(launches(specs, config["share_launch"]), data_dir, host, config):
+            done += 1
+            failed += record["status"] != "ok"
+            with open(os.path.join(records_dir, record["run_id"] + ".json"), "w") as f:
+                json.dump(record, f, indent=1)
+            print(progress_line(done, len(specs), record), flush=True)
     print(f"projection: N = 1 .. {config['projection']['max_workers']} ...", flush=True)
     print(f"wrote {run_projection(config, out_dir)}", flush=True)
     print(f"{len(specs)} runs in {time.perf_counter() - started:.0f} s, {failed} failed", flush=True)
