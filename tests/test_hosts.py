@@ -17,6 +17,8 @@ the tests with the reason: they are never skipped.
   incremental checkpoint) ends the job within the stall timeout and leaves no worker running on the other
   host; the log names the host and its ranks; the chain, begun on 2 hosts, continues on 2 others with 3
   workers from its last complete delta and ends as one uninterrupted process's run.
+- The checkpoint write and the TF1 program need only the hosts: they run at the same time (a launch over ssh
+  leaves a core idle in its start and rendezvous).
 - In-process, without hosts: collective.runtime.hostworker stops its worker when its ssh session ends; the
   hierarchical exchange's relays (numpy) send each id across hosts once per host, as the byte model counts.
 """
@@ -42,7 +44,7 @@ from collective.runtime import hostmap
 from collective.runtime.launcher import hosts_env as launch_env
 from collective.sharding import planner
 
-from launcher import WORKERS
+from launcher import WORKERS, run_together
 from test_incremental_checkpoint import restore_and_save  # noqa: F401  (a fixture)  pylint: disable=unused-import
 from test_restart import Output
 from workers import checkpoint_cases as cc
@@ -133,10 +135,8 @@ def reference():
     return {2: cc.reference(2), 3: cc.reference(3)}
 
 
-@pytest.fixture(scope="module")
-def written(hosts, tmp_path_factory):
+def _write_checkpoints(base: pathlib.Path) -> dict:
     """Checkpoints written on 2 hosts (3 workers), where each worker ran, and what the launcher listened on."""
-    base = tmp_path_factory.mktemp("hosts")
     probes = base / "probes"
     probes.mkdir()
     sockets: Set = set()
@@ -145,6 +145,37 @@ def written(hosts, tmp_path_factory):
     where = {r: json.loads((probes / f"rank{r}.json").read_text()) for r in range(3)}
     exchanges = {r: json.loads((probes / f"rank{r}.exchange.json").read_text()) for r in range(3)}
     return {"base": base, "where": where, "exchanges": exchanges, "sockets": sockets, "output": output}
+
+
+def _tf1_program(base: pathlib.Path) -> pathlib.Path:
+    """tests/workers/placement_chain.py's first stage under TF1 behaviour on 2 hosts (3 workers): its directory
+    (the checkpoint ``model.ckpt``, the exchange probes)."""
+    (base / "probes").mkdir()
+    launch("host0:2,host1:1", "placement_chain.py", [0, "hb", "tf1", "-", base / "model.ckpt", "row_wise",
+                                                     "row_wise"], env={"HOST_PROBE_DIR": str(base / "probes")})
+    return base
+
+
+@pytest.fixture(scope="module")
+def first_launches(hosts, tmp_path_factory):
+    """The two launches that need nothing but the hosts, at the same time (each one's ssh starts, rendezvous and
+    single-threaded graph building leave a core to the other): ``(ok, value)`` of :func:`_write_checkpoints` and
+    of :func:`_tf1_program`."""
+    return dict(zip(("written", "tf1"), run_together([
+        lambda: _write_checkpoints(tmp_path_factory.mktemp("hosts")),
+        lambda: _tf1_program(tmp_path_factory.mktemp("tf1"))])))
+
+
+def _value(outcome: Tuple[bool, object]):
+    ok, value = outcome
+    if not ok:
+        raise value
+    return value
+
+
+@pytest.fixture(scope="module")
+def written(first_launches):
+    return _value(first_launches["written"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -175,14 +206,11 @@ def test_the_rendezvous_listens_on_the_bridge_address_only(written):
     assert {address for _, address, _ in sockets} == {BRIDGE_ADDRESS}, sockets
 
 
-def test_hb_with_tf1_behaviour_crosses_the_two_hosts_hierarchically_as_one_process(hosts, tmp_path):
+def test_hb_with_tf1_behaviour_crosses_the_two_hosts_hierarchically_as_one_process(first_launches):
     """A TF1-behaviour program (ref variables, a raw session, collective's Saver) on host0:2,host1:1: hb routes
     through the hosts' relays and the checkpoint holds one process's tables and Adagrad slots."""
-    probes = tmp_path / "probes"
-    probes.mkdir()
-    prefix = str(tmp_path / "model.ckpt")
-    launch("host0:2,host1:1", "placement_chain.py", [0, "hb", "tf1", "-", prefix, "row_wise", "row_wise"],
-           env={"HOST_PROBE_DIR": str(probes)})
+    base = _value(first_launches["tf1"])
+    probes, prefix = base / "probes", str(base / "model.ckpt")
     assert all(json.loads((probes / f"rank{r}.exchange.json").read_text()) == {"hierarchical": [[0, 1], [2]]}
                for r in range(3))
     expected = chain.reference(1)[0]

@@ -30,11 +30,12 @@ a behaviour each backend meets every entry point over N and each N over the
 backends. A cell is held to a plain process of the same entry points (the
 same values whichever behaviour computes them).
 
-Each cell (backend, N, behaviour) trains with the optimizers of
-``cases.optimizers_for``, a rotation: under TF2 each backend meets all five
-optimizers over N and each N all five over the backends; under TF1 each
-backend and each N meets Adagrad and Adam. The generated programs
-(tests/test_programs.py) draw optimizers, backends, N and both behaviours.
+Each cell (backend, N, behaviour) trains with one optimizer, that of
+``cases.optimizers_for``, a rotation: under TF2 each backend and each N meets
+GradientDescent, Momentum and Ftrl, under TF1 Adagrad and Adam, so that each
+backend and each N meets all five over the two behaviours. The generated
+programs (tests/test_programs.py) draw optimizers (Ftrl aside), backends, N
+and both behaviours: TF2 behaviour with Adagrad and Adam is theirs.
 """
 
 import functools

@@ -154,13 +154,17 @@ def words(dense):
     return np.array([[f"w{abs(int(k)) % 5}" if int(k) % 3 else "" for k in row] for row in dense])
 
 
+BACKENDS = ("hb", "sok")
+
+
 def run(base_dir: pathlib.Path, backend: str, n: int):
-    """``hash_worker.py`` on ``n`` workers, once per pytest session and (backend, n): the per-rank results."""
+    """``hash_worker.py`` on ``n`` workers, once per pytest session and ``n`` for every backend of
+    :data:`BACKENDS` (one launch): ``backend``'s per-rank results."""
     from launcher import load_rank_results, run_workers  # pylint: disable=import-outside-toplevel
 
-    out = pathlib.Path(base_dir) / f"hash-{backend}-{n}"
+    out = pathlib.Path(base_dir) / f"hash-{n}"
     if not (out / "done").exists():
         out.mkdir(parents=True, exist_ok=True)
-        run_workers("hash_worker.py", n, [out, backend, *OPTIMIZERS])
+        run_workers("hash_worker.py", n, [out, ",".join(BACKENDS), *OPTIMIZERS])
         (out / "done").write_text("ok")
-    return load_rank_results(out, n)
+    return load_rank_results(out / backend, n)

@@ -1,7 +1,7 @@
 """Hash-table lookups, training (one optimizer's run table-wise, ``cases.TABLE_WISE``), feature columns and the
-capacity error; writes rank<r>.npz.
+capacity error; writes <out_dir>/<backend>/rank<r>.npz.
 
-argv: out_dir backend [optimizer ...]
+argv: out_dir backend[,backend...] [optimizer ...]; one launch serves every backend.
 """
 
 import os
@@ -15,10 +15,7 @@ from collective import CollectiveStrategy
 from collective import hash_embedding_column as cfc
 from collective.embedding import hash_table
 
-out_dir, backend, optimizers = sys.argv[1], sys.argv[2], sys.argv[3:]
-strategy = CollectiveStrategy(backend)
-r, n = strategy.rank(), strategy.world_size()
-results = {}
+out_dir, backends, optimizers = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 
 
 def lookups():
@@ -98,17 +95,21 @@ def table_wise(optimizer):
     return trained
 
 
-with strategy.scope():
-    lookups()
-    feature_columns()
-    for name in optimizers:
-        if name == cases.TABLE_WISE.get((backend, n)):
-            losses, held, (w, b) = table_wise(name)
-        else:
-            losses, held, (w, b) = cases.worker_training(name, strategy, r, n)
-        results[f"{name}_losses"], results[f"{name}_w"], results[f"{name}_b"] = losses, w, b
-        for table, (keys, vectors) in held.items():
-            results[f"{name}_{table}_keys"], results[f"{name}_{table}_vectors"] = keys, vectors
-    capacity_error()
-
-np.savez(os.path.join(out_dir, f"rank{r}.npz"), **results)
+for backend in backends:  # the functions above read backend, strategy, r, n and results
+    strategy = CollectiveStrategy(backend)
+    r, n = strategy.rank(), strategy.world_size()
+    results = {}
+    with strategy.scope():
+        lookups()
+        feature_columns()
+        for name in optimizers:
+            if name == cases.TABLE_WISE.get((backend, n)):
+                losses, held, (w, b) = table_wise(name)
+            else:
+                losses, held, (w, b) = cases.worker_training(name, strategy, r, n)
+            results[f"{name}_losses"], results[f"{name}_w"], results[f"{name}_b"] = losses, w, b
+            for table, (keys, vectors) in held.items():
+                results[f"{name}_{table}_keys"], results[f"{name}_{table}_vectors"] = keys, vectors
+        capacity_error()
+    os.makedirs(os.path.join(out_dir, backend), exist_ok=True)
+    np.savez(os.path.join(out_dir, backend, f"rank{r}.npz"), **results)
