@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 from datasets import schema
-from datasets.synthetic import cardinalities
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 BACKENDS = ("hb", "sok", "replicated")
@@ -85,12 +84,6 @@ def _check_tables(path: str, tables: Any) -> None:
     if isinstance(tables, bool) or not isinstance(tables, int) or not 1 <= tables <= count:
         raise ConfigError(f"{path}: tables must be a whole number from 1 to {count} (the models then read the "
                           f"first that many Criteo id columns C1..), got {tables!r}")
-
-
-def table_sizes(spec: Dict[str, Any]) -> Tuple[int, ...]:
-    """Rows of a run's tables: Criteo Kaggle's at ``scale``, the first ``tables`` of the 26 (all 26 in a record
-    written before the key existed)."""
-    return tuple(cardinalities(float(spec["scale"])))[:int(spec.get("tables", len(schema.CATEGORICAL)))]
 
 
 def modes_of(config: Dict[str, Any], model: str) -> Dict[str, List[int]]:

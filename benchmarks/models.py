@@ -31,16 +31,11 @@ from typing import Any, Callable, Dict, Mapping, Tuple
 
 import tensorflow as tf
 
-from benchmarks import config as configs
+from benchmarks.tables import table_sizes
 from datasets import schema
 
 Builder = Callable[[Mapping[str, tf.Tensor], tf.Tensor, Mapping[str, Any], bool], Tuple[tf.Tensor, tf.Tensor]]
 APIS = ("feature_columns", "variables")
-
-
-def table_sizes(params: Mapping[str, Any]) -> Tuple[int, ...]:
-    """Rows of the run's tables for the synthetic data's ``scale``: the first ``tables`` of the 26."""
-    return configs.table_sizes(params)
 
 
 def zoo_params(params: Mapping[str, Any], sharded: bool) -> Dict[str, Any]:

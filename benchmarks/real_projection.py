@@ -42,7 +42,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.config import TABLES_OUTSIDE_SCOPE, table_sizes
+from benchmarks.config import TABLES_OUTSIDE_SCOPE
+from benchmarks.tables import table_sizes
 from benchmarks.id_model import PowerLaw, expected_owned, expected_unique
 from benchmarks.projection import (BACKENDS, FABRICS, WORKER_COUNTS, TableTraffic, head_param_bytes,
                                    lower_bound_bytes, model_tables, projected_seconds, traffic_bytes)

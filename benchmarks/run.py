@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks import config as configs
 from benchmarks import machine, projection
 from benchmarks.launching import ROOT, launch_command, worker_env
+from benchmarks.tables import table_sizes
 from collective.byte_model import bytes_per_sample
 from collective.cli import add_flag
 
@@ -93,7 +94,7 @@ def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]
     from datasets import schema  # pylint: disable=import-outside-toplevel
 
     start, timed = spec["warmup"], spec["repeats"] * spec["steps"]
-    at, vocabs, dims, groups = projection.model_tables(spec["model"], configs.table_sizes(spec), spec["dim"])
+    at, vocabs, dims, groups = projection.model_tables(spec["model"], table_sizes(spec), spec["dim"])
     projected, bounds = [], []
     for step in worker_steps(data_dir, n, b, start + timed)[start:]:
         ids = [np.concatenate([step[r][schema.CATEGORICAL[i]] for r in range(n)]) for i in at]

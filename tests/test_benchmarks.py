@@ -11,6 +11,7 @@ import pytest
 from benchmarks import config as configs
 from benchmarks import id_model, projection, projection_report, real_projection, report
 from benchmarks.batches import synthetic_rows
+from benchmarks.tables import table_sizes
 from collective import byte_model
 from datasets import schema
 from datasets.synthetic import cardinalities, zipf_ranks
@@ -197,9 +198,9 @@ def test_config_errors_name_the_file(tmp_path):
 def test_tables_key_keeps_the_first_criteo_columns():
     tiny = configs.load("tiny")
     assert tiny["tables"] == 4 and all(r["tables"] == 4 for r in configs.matrix(tiny))
-    assert configs.table_sizes(tiny) == cardinalities(tiny["scale"])[:4]
-    assert min(configs.table_sizes(tiny)) >= 3, "every tiny table is sharded on 3 workers (hb moves the lower bound)"
-    assert configs.load("quick")["tables"] == 26 and len(configs.table_sizes({"scale": 0.01})) == 26
+    assert table_sizes(tiny) == cardinalities(tiny["scale"])[:4]
+    assert min(table_sizes(tiny)) >= 3, "every tiny table is sharded on 3 workers (hb moves the lower bound)"
+    assert configs.load("quick")["tables"] == 26 and len(table_sizes({"scale": 0.01})) == 26
 
 
 def test_quick_config_runs_the_headline_and_its_baselines():
