@@ -106,6 +106,29 @@ def test_global_norm_clip_outside_the_scope_is_refused_and_inside_it_applies():
                     optimizer.apply_gradients(zip(grads, [v for _, v in pairs]))
 
 
+def test_clip_by_norm_in_the_scope_clips_a_table_gradient_as_tensorflow_and_carries_the_clipped_norm():
+    """``tf.clip_by_norm`` in the scope clips a table's gradient by one process's norm (Keras' ``clipnorm``; issue
+    42; on 2 and 3 workers: test_programs ``keras-legacy-clipnorm-*``): in one process TensorFlow's clip, and a
+    global norm of the clipped gradient is the clipped norm, not the norm it had (in-process, one worker)."""
+    import collective.hb as hb
+
+    with tf.Graph().as_default():
+        ids = tf.constant([[0, 1], [1, 5]], tf.int64)
+        with hb.scope(), hb.embedding_scope():
+            table = tf.compat.v1.get_variable("t", initializer=tf.reshape(tf.range(21, dtype=tf.float32), [7, 3]))
+            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(table, ids)))
+        with hb.scope():
+            [(grad, _)] = hb.train.GradientDescentOptimizer(0.1).compute_gradients(loss, [table])
+            clipped = tf.clip_by_norm(grad, 0.5)
+            norm = tf.linalg.global_norm([clipped])
+        plain = tf.clip_by_norm(grad, 0.5)  # outside the scope: TensorFlow's own
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            ours, theirs, clipped_norm = sess.run([clipped.values, plain.values, norm])
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    np.testing.assert_allclose(clipped_norm, 0.5, rtol=1e-6)
+
+
 def test_context_and_tuning_options(monkeypatch):
     import collective.hb as hb
     from collective import context

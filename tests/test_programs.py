@@ -18,7 +18,7 @@ Hypothesis draws programs from a grammar of what users write around our API
   outside the scope, called through ``minimize``,
   ``compute_gradients`` + ``apply_gradients`` or ``tf.gradients`` +
   ``apply_gradients``, with ``clip_by_global_norm``, ``clip_by_value``, a
-  scaling or Keras' ``global_clipnorm`` between; a mean or summed loss;
+  scaling or Keras' ``global_clipnorm`` or ``clipnorm`` between; a mean or summed loss;
 - each table's placement: ``row_wise`` (the default), ``table_wise`` or ``column_wise``, applied where the
   table can take it on the launch's workers (``program_cases.placement``), so a program resumed on M
   workers restores into the plan M gives it;
@@ -133,7 +133,8 @@ def programs(draw) -> dict:
     # them: TF1 behaviour (no resource variables) fails with them in one process too.
     tf1 = False if family.startswith("keras") else draw(st.booleans())
     call = draw(st.sampled_from(CALLS[family]))
-    transforms = TRANSFORMS[call] + (("keras_clipnorm",) if family.startswith("keras") else ())
+    keras_clips = ("keras_clipnorm", "keras_clipnorm_each")  # global_clipnorm, clipnorm
+    transforms = TRANSFORMS[call] + (keras_clips if family.startswith("keras") else ())
     # HybridBackend's optimizers run in its own MonitoredTrainingSession (its recipe); an Estimator's model_fn
     # builds the optimizer where it builds the model.
     engines = ("session", "mts", "estimator")
@@ -247,6 +248,15 @@ REGRESSIONS = {
     "keras-legacy-global-clipnorm-regularized-table-2-workers": _program(
         family="keras_legacy", call="tf_gradients", kind="adagrad", transform="keras_clipnorm",
         tables=[_table(entry="sparse_mean", regularizer=0.05)]),
+    # Keras' clipnorm clips each gradient by its own norm (tf.clip_by_norm): a sharded table's holds this worker's
+    # rows, whose norm is not one process's whole table's.
+    "keras-legacy-clipnorm-sharded-table-2-workers": _program(
+        family="keras_legacy", call="tf_gradients", transform="keras_clipnorm_each",
+        tables=[_table(entry="sparse_mean")]),
+    "keras-legacy-clipnorm-column-wise-and-whole-tables-3-workers": _program(
+        workers=3, backend="sok", family="keras_legacy", call="tf_gradients", kind="momentum",
+        transform="keras_clipnorm_each", tables=[_table(entry="lookup"), _table("user", 2, "sparse_sum"),
+                                                 _table("category", 13, "sparse_mean", placement="column_wise")]),
     # The one plain process's check of a checkpoint restored a hash column's legacy Keras slots ("Adam/<table>/m",
     # outside the table's scope) over its stand-in's, in the checkpoint's key order: its next steps were wrong.
     "keras-legacy-adam-hash-column-mts-sok-1-to-1": _program(

@@ -16,7 +16,9 @@ the squared norm one process's gradient of that variable would have
 (:func:`attach`), built into the graph only when a norm first asks for it (a
 program that never clips pays nothing; ``apply_gradients``' averaging of a
 gradient carries it over, :func:`carry`), and :func:`global_norm` (installed as
-``tf.linalg.global_norm``, which ``tf.clip_by_global_norm`` calls) uses it. A row-sharded table's dense
+``tf.linalg.global_norm``, which ``tf.clip_by_global_norm`` calls) uses it, as
+:func:`clip_by_norm` (installed as ``tf.clip_by_norm``, which Keras' ``clipnorm``
+calls) does. A row-sharded table's dense
 gradient (a regularizer made it dense) counts all workers' rows. TensorFlow's
 own global norm of such a gradient (a clip outside the scope) is refused
 when ``apply_gradients`` is built (:func:`refuse_foreign_norms`).
@@ -220,6 +222,32 @@ def global_norm(t_list, name=None):
         dtype = (tensors[0].values if isinstance(tensors[0], tf.IndexedSlices) else tensors[0]).dtype
         total = tf.add_n([_square_norm(t) for t in tensors])
         return tf.cast(tf.sqrt(total), dtype.base_dtype)
+
+
+def clip_by_norm(t, clip_norm, axes=None, name=None):
+    """``tf.clip_by_norm`` in which the norm of a table's gradient is one process's (Keras' ``clipnorm`` calls it).
+
+    A sharded table's gradient holds this worker's rows only. The clip is one
+    factor, the same on every worker, so it also commutes with averaging: a
+    replicated variable's gradient of ``tf.gradients`` (not averaged yet) is
+    clipped as its average would be. The clipped gradient carries its clipped
+    norm.
+    """
+    original = patches.original(clip_ops, "clip_by_norm")
+    if tf.executing_eagerly() or axes is not None or not _is_attached(t):
+        return original(t, clip_norm, axes=axes, name=name)
+    with tf.name_scope(name or "clip_by_norm"):
+        values = tf.convert_to_tensor(t.values if isinstance(t, tf.IndexedSlices) else t)
+        square = _square_norm(t)
+        clip = tf.cast(clip_norm, tf.float32)
+        factor = clip / tf.maximum(tf.sqrt(square), clip)  # TensorFlow's: values * clip / max(norm, clip)
+        clipped = values * tf.cast(factor, values.dtype)
+        _attached.setdefault(clipped.graph, {})[clipped.ref()] = square * tf.square(factor)
+        source = _attached_source(values)
+        _owners.setdefault(clipped.graph, {})[clipped.ref()] = _owners.get(source.graph, {}).get(source.ref(), "?")
+    if isinstance(t, tf.IndexedSlices):
+        return tf.IndexedSlices(clipped, t.indices, t.dense_shape)
+    return clipped
 
 
 def _is_attached(t) -> bool:

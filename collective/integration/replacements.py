@@ -114,6 +114,11 @@ INSTALLED = [
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),
     patches.register(tf.compat.v1, "global_norm", gradient_norms.global_norm, "the same, under its public v1 name"),
+    patches.register(tf, "clip_by_norm", gradient_norms.clip_by_norm,
+                     "a table's gradient is clipped by one process's norm of it (Keras' clipnorm calls it)"),
+    patches.register(tf.compat.v1, "clip_by_norm", gradient_norms.clip_by_norm, "the same, under its v1 name"),
+    patches.register(tf.compat.v2, "clip_by_norm", gradient_norms.clip_by_norm,
+                     "the same, under its v2 name (Keras' optimizers call tensorflow.compat.v2's)"),
     patches.register(tf, "gradients", gradient_norms.attaching(tf, "gradients"),
                      "tables' gradients of tf.gradients carry one process's norm, as compute_gradients' do (Keras' "
                      "global_clipnorm clips them in apply_gradients)"),

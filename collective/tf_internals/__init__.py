@@ -16,7 +16,8 @@ name here                    what for                                           
 ``array_ops``                ``zeros_like_impl``, ``ones_like_impl`` (noted as made    training
                              from a table)
 ``embedding_ops``            the lookups routed to the exchange                        lookups
-``clip_ops``                 ``global_norm`` (tables' gradients as one process's)      embedding.gradient_norms
+``clip_ops``                 ``global_norm``, ``clip_by_norm`` (tables' gradients as   embedding.gradient_norms
+                             one process's)
 ``variable_v1``,             the default variable creators (rank 0's initial values)   training
 ``variables``
 ``optimizer_lib``            ``tf.compat.v1.train.Optimizer.apply_gradients``,         training, hb.train

@@ -283,7 +283,8 @@ def optimizer_for(program: dict, plain: bool):
                 "adam": lambda: module.AdamOptimizer(LR / 4),
                 "momentum": lambda: module.MomentumOptimizer(LR, 0.9)}[kind]()
     keras = tf.keras.optimizers.legacy if family == "keras_legacy" else tf.keras.optimizers
-    clip = {"global_clipnorm": program["clip"]} if program["transform"] == "keras_clipnorm" else {}
+    clip = {"keras_clipnorm": {"global_clipnorm": program["clip"]},
+            "keras_clipnorm_each": {"clipnorm": program["clip"]}}.get(program["transform"], {})
     return {"sgd": lambda: keras.SGD(LR, **clip),
             "adagrad": lambda: keras.Adagrad(LR, initial_accumulator_value=0.1, **clip),
             "adam": lambda: keras.Adam(LR / 4, **clip), "momentum": lambda: keras.SGD(LR, momentum=0.9, **clip)}[kind]()
