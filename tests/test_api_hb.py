@@ -129,6 +129,26 @@ def test_clip_by_norm_in_the_scope_clips_a_table_gradient_as_tensorflow_and_carr
     np.testing.assert_allclose(clipped_norm, 0.5, rtol=1e-6)
 
 
+def test_keras_clipvalue_over_a_table_gradient_is_refused_naming_the_table():
+    """Keras' ``clipvalue`` clips a table's gradient slice by slice, and a worker's slices are cut apart from one
+    process's (2 workers: 0.2% apart at step 3; issue 42): refused when ``apply_gradients`` is built, naming the
+    table; the same optimizer over a dense variable alone is built (in-process, one worker)."""
+    import collective.hb as hb
+
+    with tf.Graph().as_default():
+        ids = tf.constant([[0, 1], [1, 5]], tf.int64)
+        with hb.scope():
+            with hb.embedding_scope():
+                table = tf.compat.v1.get_variable("clipped_table", [7, 3])
+            dense = tf.compat.v1.get_variable("dense", [3, 1])
+            out = tf.matmul(tf.reduce_sum(tf.nn.embedding_lookup(table, ids), 1), dense)
+            loss = tf.reduce_mean(tf.square(out))
+            optimizer = tf.keras.optimizers.legacy.SGD(0.1, clipvalue=0.01)
+            with pytest.raises(ValueError, match="clipvalue=0.01 would clip the gradient of the table 'clipped_table"):
+                optimizer.apply_gradients(zip(tf.gradients(loss, [table, dense]), [table, dense]))
+            assert optimizer.apply_gradients([(tf.gradients(loss, [dense])[0], dense)]) is not None
+
+
 def test_context_and_tuning_options(monkeypatch):
     import collective.hb as hb
     from collective import context

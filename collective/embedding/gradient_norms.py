@@ -153,6 +153,26 @@ def refuse_foreign_norms(pairs) -> None:
         stack.extend(t.op for t in op.inputs)
 
 
+def refuse_clipvalue(optimizer, pairs) -> None:
+    """Raises ``ValueError`` if ``optimizer`` (a Keras optimizer) has ``clipvalue`` and a gradient in ``pairs`` is a
+    table's: Keras clips it slice by slice, and a worker's slices of a table's gradient are cut apart from one
+    process's (this worker's rows, one slice per distinct id of its own batch), so the clip would train apart from
+    one process."""
+    if getattr(optimizer, "clipvalue", None) is None:
+        return
+    for grad, var in pairs:
+        if grad is None:
+            continue
+        info = shard_of(var)
+        if _is_attached(grad) or (info is not None and not info.replicated):
+            raise ValueError(
+                f"The Keras optimizer's clipvalue={optimizer.clipvalue} would clip the gradient of the table "
+                f"'{getattr(var, 'name', '?')}' slice by slice, and a worker's slices of a table's gradient are cut "
+                "apart from one process's: the workers would train apart from one process. Use clipnorm or "
+                "global_clipnorm (one process's norm), or clip the averaged, densified gradients of "
+                "compute_gradients (tf.clip_by_value(tf.convert_to_tensor(grad), ...)) before apply_gradients.")
+
+
 def _allreduced_square_norm(dense: tf.Tensor) -> tf.Tensor:
     return comm.allreduce(tf.reduce_sum(tf.square(tf.cast(dense, tf.float32))), "sum")
 

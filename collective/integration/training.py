@@ -264,7 +264,8 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """``apply(pairs, *args, **kwargs)`` (an optimizer's ``apply_gradients``) on gradients averaged once.
 
     Gradients clipped outside the scope by TensorFlow's own global norm of a
-    table's gradient are refused (:func:`collective.embedding.gradient_norms.refuse_foreign_norms`),
+    table's gradient are refused (:func:`collective.embedding.gradient_norms.refuse_foreign_norms`), as is a
+    Keras optimizer's ``clipvalue`` over a table's gradient (:func:`~collective.embedding.gradient_norms.refuse_clipvalue`),
     and every gradient is computed before any update (:func:`gradients_before_updates`).
     The result also marks the table rows the update can change, for
     incremental checkpoints (:mod:`collective.checkpoint.touched`), and then
@@ -273,6 +274,8 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
     """
     grads_and_vars = list(grads_and_vars)
     gradient_norms.refuse_foreign_norms(grads_and_vars)
+    if isinstance(optimizer, keras_optimizers):
+        gradient_norms.refuse_clipvalue(optimizer, grads_and_vars)
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     tables.watch_slots(optimizer, table_growth.remember_slot)
     pairs = gradients_before_updates(average_gradients(grads_and_vars))
