@@ -218,7 +218,8 @@ def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
 def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf.IndexedSlices]:
     """This lookup's own gradient at ``var`` (through the exchange, as the step's), as slices."""
     surrogate = tf.reduce_sum(tf.cast(lookup.output, tf.float32) * tf.stop_gradient(upstream))
-    [grad] = patches.original(tf, "gradients")(surrogate, [var])
+    source = var.group.variable if isinstance(var, PackedTable) else var  # its rows only: this lookup reads no other
+    [grad] = patches.original(tf, "gradients")(surrogate, [source])
     if grad is None:
         return None
     if not isinstance(grad, tf.IndexedSlices):

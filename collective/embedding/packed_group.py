@@ -47,6 +47,9 @@ class PackedTable:
         self._group: Optional["PackedGroup"] = None
         if info is not None:
             self._collective_shard = info
+        # TensorFlow's safe_embedding_lookup_sparse passes a resource variable on to embedding_lookup_sparse (which
+        # scope() serves) instead of converting it to a tensor: so it does this table.
+        self._should_act_as_resource_variable = True
 
     def __repr__(self) -> str:
         return f"<PackedTable {self.name!r} shape={self.shape} offset={self.offset}>"
@@ -97,6 +100,17 @@ class PackedTable:
 
     def read_value(self) -> tf.Tensor:
         return self.value()
+
+
+def _read_packed_table(table: PackedTable, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
+    value = table.value()
+    if dtype is not None and not dtype.is_compatible_with(value.dtype):
+        raise ValueError(f"table {table.name!r} of dtype {value.dtype.name} read as {dtype.name}")
+    return value
+
+
+# A packed table reads as its rows (``tf.shape(table)``, ``tf.convert_to_tensor(table)``), as a variable does.
+tf.register_tensor_conversion_function(PackedTable, _read_packed_table)
 
 
 class _RowsSaveable(SaveableObject):

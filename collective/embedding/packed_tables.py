@@ -33,9 +33,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from collective.embedding import modes, packing
+from collective.embedding import lookup, modes, packing
 from collective.embedding.packed_group import PackedGroup, PackedTable
-from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, shard_of
+from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
+from collective.sharding import shards
 
 _GroupKey = Tuple[str, int, int]
 # Per graph: the tables made by name (get_variable returns the same object when asked again), the tables waiting
@@ -53,6 +54,8 @@ def unpacked_reason(info: ShardInfo, kwargs: dict) -> Optional[str]:
         return "exporting: plain variables"
     if tf.executing_eagerly() or isinstance(tf.compat.v1.get_default_graph(), _func_graph_class()):
         return "made eagerly or in a tf.function"
+    if lookup.current() != "hb":
+        return f"backend {lookup.current()}: packs under hb only"
     if info.placement != "row_wise" or info.hash_index is not None:
         return f"placement {info.placement}: packs row_wise fixed-vocabulary tables only"
     if kwargs.get("regularizer") is not None or kwargs.get("constraint") is not None:
@@ -82,7 +85,7 @@ def table(name: str, info: ShardInfo, dtype: tf.DType, initial: Callable[[], tf.
     if name in made:
         return made[name]
     packed = PackedTable(name, info.local_rows, info.local_dim, dtype.base_dtype,
-                         info=dataclasses.replace(info, name=name), initial=initial, seal=_seal)
+                         info=scoped_contract(dataclasses.replace(info, name=name)), initial=initial, seal=_seal)
     made[name] = packed
     key = (dtype.base_dtype.name, info.local_dim, info.world_size)
     _pending.setdefault(graph, {}).setdefault(key, []).append(packed)
@@ -105,6 +108,7 @@ def _seal(packed: PackedTable) -> None:
         group = PackedGroup(members=members, dtype=packed.dtype,
                             name=f"{members[0].name}/packed" + (f"_{count}" if count else ""))
     tf.compat.v1.add_to_collection(SHARDED_COLLECTION, group.variable)
+    shards.pack([t.name for t in members], group.name)
 
 
 def group_of(var) -> Optional[PackedGroup]:
