@@ -162,6 +162,7 @@ def _strategy_train(packs: bool, directory: str, restore: str = "", count: int =
                 sess.run(train)
             first = saver.save(sess, os.path.join(directory, f"{packs}{bool(restore)}-first"))
             if restore:
+                sess.run(train)  # moves every table away from the checkpoint's values, which the restore brings back
                 saver.restore(sess, restore)
             sess.run(train)
             last = saver.save(sess, os.path.join(directory, f"{packs}{bool(restore)}-last"))
@@ -186,18 +187,17 @@ def _assert_same_checkpoint(got: str, want: str) -> None:
 
 def check_strategy(count: int = STRATEGY_TABLES) -> None:
     """Packed tables (one group variable) train, clip, checkpoint and restore as unpacked ones, with one sparse
-    apply instead of ``count``; an unpacked checkpoint restores into the packed model and the reverse."""
+    apply instead of ``count``; an unpacked checkpoint restores into the packed model (the reverse, on other worker
+    counts and under TF1 behaviour: tests/test_checkpoint.py::test_a_checkpoint_moves_between_packed_*)."""
     with tempfile.TemporaryDirectory() as directory:
         plain = _strategy_train(False, directory, count=count)
         packed = _strategy_train(True, directory, restore=plain["first"], count=count)
-        plain_from_packed = _strategy_train(False, directory, restore=packed["first"], count=count)
         assert plain["applies"] == count and packed["applies"] == 1, (plain["applies"], packed["applies"])
         assert packed["names"] == plain["names"] and f"t{count - 1}" in packed["names"], packed["names"]
         np.testing.assert_allclose(packed["norm"], plain["norm"], rtol=1e-6)
         _assert_same_checkpoint(packed["first"], plain["first"])  # names (slots included) and values
         assert f"t{count - 1}/Adagrad" in _stored(packed["first"])
         _assert_same_checkpoint(packed["last"], plain["last"])  # restored from the unpacked checkpoint
-        _assert_same_checkpoint(plain_from_packed["last"], plain["last"])
         assert not np.allclose(_stored(plain["last"])["t3"], _stored(plain["first"])["t3"])  # the last step moved it
 
 
@@ -207,7 +207,7 @@ def test_packed_tables_of_the_strategy_train_and_checkpoint_as_unpacked_with_one
 
 def test_packed_group_under_tf1_behaviour():
     script = ("import tensorflow as tf; tf.compat.v1.disable_v2_behavior(); import tests.test_packed_group as t; "
-              f"[t.check(k) for k in {OPTIMIZERS!r}]; t.check_strategy(4); print('ok')")  # 26 tables: TF2 only
+              f"[t.check(k) for k in {OPTIMIZERS!r}]; print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
