@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from collective.embedding import lookup, modes, packing
 from collective.embedding.packed_group import PackedGroup, PackedTable
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
-from collective.sharding import shards
+from collective.sharding import planner, shards
+from collective.tf_internals import func_graph
 
 _GroupKey = Tuple[str, int, int]
 # Per graph: the tables made by name (get_variable returns the same object when asked again), the tables waiting
@@ -52,22 +53,17 @@ def unpacked_reason(info: ShardInfo, kwargs: dict) -> Optional[str]:
         return "packing off (COLLECTIVE_PACKING=0)"
     if modes.is_exporting():
         return "exporting: plain variables"
-    if tf.executing_eagerly() or isinstance(tf.compat.v1.get_default_graph(), _func_graph_class()):
+    if tf.executing_eagerly() or isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph):
         return "made eagerly or in a tf.function"
-    if lookup.current() != "hb":
-        return f"backend {lookup.current()}: packs under hb only"
-    if info.placement != "row_wise" or info.hash_index is not None:
-        return f"placement {info.placement}: packs row_wise fixed-vocabulary tables only"
+    if not planner.packable(info.placement, lookup.current()) or info.hash_index is not None:
+        return (f"placement {info.placement} under {lookup.current()}"
+                f"{' (a hash table)' if info.hash_index is not None else ''}: packs row-wise fixed-vocabulary tables "
+                "under hb only")
     if kwargs.get("regularizer") is not None or kwargs.get("constraint") is not None:
         return "a regularizer or constraint of its own"
     if kwargs.get("trainable") is False:
         return "not trainable"
     return None
-
-
-def _func_graph_class():
-    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
-    return func_graph.FuncGraph
 
 
 def existing(name: str) -> Optional[PackedTable]:
@@ -77,9 +73,10 @@ def existing(name: str) -> Optional[PackedTable]:
     return _made.get(tf.compat.v1.get_default_graph(), {}).get(name)
 
 
-def table(name: str, info: ShardInfo, dtype: tf.DType, initial: Callable[[], tf.Tensor]) -> PackedTable:
+def table(name: str, info: ShardInfo, dtype: tf.DType, initial: Callable[[], tf.Tensor],
+          making: Callable[[ShardInfo], ContextManager]) -> PackedTable:
     """A packed table ``name`` (this worker's rows of it, ``initial()`` their initial value), waiting for its
-    group."""
+    group; ``making(info)`` is the block its group variable is made in (the getter's: a shard, not broadcast)."""
     graph = tf.compat.v1.get_default_graph()
     made = _made.setdefault(graph, {})
     if name in made:
@@ -90,6 +87,7 @@ def table(name: str, info: ShardInfo, dtype: tf.DType, initial: Callable[[], tf.
     key = (dtype.base_dtype.name, info.local_dim, info.world_size)
     _pending.setdefault(graph, {}).setdefault(key, []).append(packed)
     packed.group_key = key  # type: ignore[attr-defined]
+    packed.making = making  # type: ignore[attr-defined]
     return packed
 
 
@@ -102,9 +100,8 @@ def _seal(packed: PackedTable) -> None:
         raise ValueError(f"table {packed.name!r} is looked up in another graph than the one it was made in")
     count = _sealed.setdefault(graph, {}).get(key, 0)
     _sealed[graph][key] = count + 1
-    from collective.embedding import tables  # pylint: disable=import-outside-toplevel
     info = shard_of(members[0])
-    with tf.init_scope(), graph.name_scope(None), tables.creating_shard(info), tables.building_packed_group():
+    with tf.init_scope(), graph.name_scope(None), packed.making(info):  # type: ignore[attr-defined]
         group = PackedGroup(members=members, dtype=packed.dtype,
                             name=f"{members[0].name}/packed" + (f"_{count}" if count else ""))
     tf.compat.v1.add_to_collection(SHARDED_COLLECTION, group.variable)

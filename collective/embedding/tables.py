@@ -97,9 +97,12 @@ def embedding_scope_block():
     return _set("embedding_scope", True)
 
 
-def building_packed_group():
-    """Marks the block as making a packing group's variable (the scope's creator passes it through)."""
-    return _set("in_getter", True)
+@contextlib.contextmanager
+def making_packed_group(info: ShardInfo) -> Iterator[None]:
+    """The block that makes a packing group's variable: a shard like ``info``'s (never broadcast), passed
+    through by the scope's creator."""
+    with creating_shard(info), _set("in_getter", True):
+        yield
 
 
 def deriving_from() -> Optional[tf.Variable]:
@@ -409,7 +412,7 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
 
         _refuse_sliced_constraint(kwargs.get("constraint"), info)
         if packed_tables.unpacked_reason(info, kwargs) is None:
-            return packed_tables.table(name, info, dtype, lambda: local_initializer(None))
+            return packed_tables.table(name, info, dtype, lambda: local_initializer(None), making_packed_group)
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):
