@@ -80,8 +80,9 @@ class Context:
       replicate_below_bytes: tables smaller than this stay replicated
         (``COLLECTIVE_REPLICATE_BELOW_BYTES``; 0 shards every table with at
         least ``world_size`` rows).
-      packing: whether lookups of tables of one width share one unique and one combine (``COLLECTIVE_PACKING``:
-        ``0``, the default, or ``1``; docs/packing.md).
+      packing: whether row-wise tables of one width share one physical variable per packing group and their
+        lookups one unique, one gather and one combine (``COLLECTIVE_PACKING``: ``0``, the default, or ``1``;
+        docs/packing.md).
       hb_comm_default: HybridBackend's ``HB_COMM_DEFAULT`` as given.
       hb_comm_pool_capacity: HybridBackend's ``HB_COMM_POOL_CAPACITY`` as given.
       gpus: the GPUs this process sees (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``).

@@ -377,3 +377,25 @@ def test_a_checkpoint_moves_across_placements_and_worker_counts_with_its_slots(t
         previous = prefix
     # Training moved every variable from its initial value.
     assert not np.allclose(reference[-1]["t"], reference[0]["t"])
+
+
+# Issue 44: written unpacked on 2 workers, restored into packed tables (t and u: one group variable) on 3 under TF1
+# behaviour, and that packed checkpoint restored unpacked on 1 worker.
+PACKING_CHAIN = [(2, "tf2", "0"), (3, "tf1", "1"), (1, "tf2", "0")]
+
+
+def test_a_checkpoint_moves_between_packed_and_unpacked_tables_across_worker_counts(tmp_path):
+    """unpacked@2 -> packed@3 (TF1) -> unpacked@1, both tables row-wise under hb: every stage's checkpoint holds
+    the logical tables and slots one process holds after as many steps, under the unpacked names."""
+    reference = chain.reference(len(PACKING_CHAIN))
+    previous = "-"
+    for stage, (n, mode, packs) in enumerate(PACKING_CHAIN):
+        prefix = str(tmp_path / f"stage{stage}" / "model.ckpt")
+        run_workers("placement_chain.py", n, [str(stage), "hb", mode, previous, prefix, "row_wise", "row_wise"],
+                    env={"COLLECTIVE_PACKING": packs})
+        stored = [name for name, _ in tf.train.list_variables(prefix)]
+        assert set(chain.KEYS) <= set(stored) and not [name for name in stored if "packed" in name], stored
+        for key in chain.KEYS:
+            np.testing.assert_allclose(tf.train.load_variable(prefix, key), reference[stage][key], rtol=1e-5,
+                                       atol=1e-6, err_msg=f"stage {stage} ({n} workers, packing {packs}): {key}")
+        previous = prefix

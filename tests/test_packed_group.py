@@ -127,6 +127,84 @@ def test_packed_group_trains_and_checkpoints_as_unpacked_tables_with_one_sparse_
     check(kind)
 
 
+# The strategy's wiring (COLLECTIVE_PACKING=1, collective.embedding.packed_tables): a DLRM-like model of 26 tables of
+# one dim made by get_variable in embedding_scope(), trained by the optimizer wrapper with global-norm clipping.
+STRATEGY_TABLES, STRATEGY_DIM = 26, 3
+
+
+def _strategy_train(packs: bool, directory: str, restore: str = "", count: int = STRATEGY_TABLES) -> dict:
+    """Trains 2 steps and saves (``first``), restores ``restore`` if given, trains 1 more step and saves (``last``)."""
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import packing  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(11)
+    strategy = CollectiveStrategy("hb")
+    with tf.Graph().as_default() as graph, strategy.scope(), packing.using(packs):
+        with strategy.embedding_scope():
+            tables = [tf.compat.v1.get_variable(f"t{i}", [4 + i % 3, STRATEGY_DIM],
+                                                initializer=tf.compat.v1.random_normal_initializer(seed=i))
+                      for i in range(count)]
+        ids = [tf.SparseTensor([[0, 0], [0, 1], [2, 0], [3, 0]], rng.integers(0, 4, 4), [4, 2]) for _ in tables]
+        features = tf.concat(strategy_lookups(tables, ids), 1)
+        dense = tf.compat.v1.get_variable("dense", initializer=rng.normal(size=(count * STRATEGY_DIM, 1))
+                                          .astype(np.float32))
+        loss = tf.reduce_mean(tf.square(tf.matmul(features, dense) - 1.0))
+        optimizer = tf.compat.v1.train.AdagradOptimizer(0.5)
+        pairs = optimizer.compute_gradients(loss)
+        clipped, norm = tf.clip_by_global_norm([g for g, _ in pairs], 0.5)
+        train = optimizer.apply_gradients(list(zip(clipped, [v for _, v in pairs])))
+        names = sorted(getattr(v, "name", "").split(":")[0] for _, v in pairs)
+        applies = collections.Counter(op.type for op in graph.get_operations())["ResourceSparseApplyAdagrad"]
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            first_norm = sess.run(norm)
+            for _ in range(2):
+                sess.run(train)
+            first = saver.save(sess, os.path.join(directory, f"{packs}{bool(restore)}-first"))
+            if restore:
+                sess.run(train)  # moves every table away from the checkpoint's values, which the restore brings back
+                saver.restore(sess, restore)
+            sess.run(train)
+            last = saver.save(sess, os.path.join(directory, f"{packs}{bool(restore)}-last"))
+    return {"first": first, "last": last, "applies": applies, "norm": first_norm, "names": names}
+
+
+def strategy_lookups(tables, ids):
+    """Each table's summed lookup of its ids, as a program writes it."""
+    return [tf.nn.embedding_lookup_sparse(t, i, None, combiner="sum") for t, i in zip(tables, ids)]
+
+
+def _stored(path: str) -> dict:
+    return {name: tf.train.load_variable(path, name) for name, _ in tf.train.list_variables(path)}
+
+
+def _assert_same_checkpoint(got: str, want: str) -> None:
+    got, want = _stored(got), _stored(want)
+    assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def check_strategy(count: int = STRATEGY_TABLES) -> None:
+    """Packed tables (one group variable) train, clip, checkpoint and restore as unpacked ones, with one sparse
+    apply instead of ``count``; an unpacked checkpoint restores into the packed model (the reverse, on other worker
+    counts and under TF1 behaviour: tests/test_checkpoint.py::test_a_checkpoint_moves_between_packed_*)."""
+    with tempfile.TemporaryDirectory() as directory:
+        plain = _strategy_train(False, directory, count=count)
+        packed = _strategy_train(True, directory, restore=plain["first"], count=count)
+        assert plain["applies"] == count and packed["applies"] == 1, (plain["applies"], packed["applies"])
+        assert packed["names"] == plain["names"] and f"t{count - 1}" in packed["names"], packed["names"]
+        np.testing.assert_allclose(packed["norm"], plain["norm"], rtol=1e-6)
+        _assert_same_checkpoint(packed["first"], plain["first"])  # names (slots included) and values
+        assert f"t{count - 1}/Adagrad" in _stored(packed["first"])
+        _assert_same_checkpoint(packed["last"], plain["last"])  # restored from the unpacked checkpoint
+        assert not np.allclose(_stored(plain["last"])["t3"], _stored(plain["first"])["t3"])  # the last step moved it
+
+
+def test_packed_tables_of_the_strategy_train_and_checkpoint_as_unpacked_with_one_sparse_apply():
+    check_strategy()
+
+
 def test_packed_group_under_tf1_behaviour():
     script = ("import tensorflow as tf; tf.compat.v1.disable_v2_behavior(); import tests.test_packed_group as t; "
               f"[t.check(k) for k in {OPTIMIZERS!r}]; print('ok')")

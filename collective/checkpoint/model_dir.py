@@ -14,6 +14,7 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from collective.embedding import packed_tables
 from collective.embedding.hash_table import HASH_INDEX_STATE_COLLECTION
 from collective.embedding.table import shard_of
 from collective.tf_internals import all_saveable_objects, saveable_object_util
@@ -77,7 +78,7 @@ def split_var_list(var_list=None):
     if isinstance(var_list, Mapping):
         items = list(var_list.items())
     else:
-        items = [(None, v) for v in var_list]
+        items = [(None, v) for v in packed_tables.expand_for_saving(list(var_list))]
     index_state = {id(v) for v in tf.compat.v1.get_collection(HASH_INDEX_STATE_COLLECTION)}
     items = [(k, v) for k, v in items if id(v) not in index_state]  # rebuilt from the stored keys
     sharded = [v for _, v in items if shard_of(v) is not None]

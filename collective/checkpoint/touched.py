@@ -123,7 +123,8 @@ class _Rows:
 
 def _table(var: tf.Variable) -> tf.Variable:
     owner = tables.slot_owner(var)
-    return var if owner is None else owner
+    table = var if owner is None else owner
+    return getattr(table, "packed_table", table)  # the Saver's view of a packed table's rows: the table's marks
 
 
 def _new_state(table: tf.Variable, suffix: str, value: tf.Tensor, growing: bool = False) -> tf.Variable:

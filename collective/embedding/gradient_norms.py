@@ -34,6 +34,7 @@ from typing import Dict, List, NamedTuple, Optional
 import tensorflow as tf
 
 from collective import comm
+from collective.embedding.packed_group import PackedTable
 from collective.embedding.table import shard_of
 from collective.tf_internals import clip_ops, patches
 
@@ -116,14 +117,45 @@ def attaching(owner, attribute: str):
 
     @functools.wraps(getattr(owner, attribute))
     def gradients(ys, xs, *args, **kwargs):
-        grads = patches.original(owner, attribute)(ys, xs, *args, **kwargs)
+        variables = list(xs) if isinstance(xs, (list, tuple)) else [xs]
+        if any(isinstance(x, PackedTable) for x in variables):
+            grads = _packed_gradients(patches.original(owner, attribute), ys, variables, *args, **kwargs)
+        else:
+            grads = patches.original(owner, attribute)(ys, xs, *args, **kwargs)
         losses = ys if isinstance(ys, (list, tuple)) else [ys]
-        variables = xs if isinstance(xs, (list, tuple)) else [xs]
         if len(losses) == 1 and len(variables) == len(grads):
             attach(losses[0], list(zip(grads, variables)))
         return grads
 
     return gradients
+
+
+def _packed_gradients(original, ys, xs: List, *args, **kwargs) -> List:
+    """``tf.gradients(ys, xs)`` where some of ``xs`` are packed tables: their group variables' gradients, split
+    per table (each table's rows, offset back), as an unpacked table's gradient."""
+    sources, at = [], {}
+    for x in xs:
+        source = x.group.variable if isinstance(x, PackedTable) else x
+        if id(source) not in at:
+            at[id(source)] = len(sources)
+            sources.append(source)
+    computed = original(ys, sources, *args, **kwargs)
+    split = {}
+    out = []
+    for x in xs:
+        if not isinstance(x, PackedTable):
+            out.append(computed[at[id(x)]])
+            continue
+        group = x.group
+        grad = computed[at[id(group.variable)]]
+        if grad is not None and id(group) not in split:
+            if not isinstance(grad, tf.IndexedSlices):
+                dense = tf.convert_to_tensor(grad)
+                grad = tf.IndexedSlices(dense, tf.range(tf.shape(dense, out_type=tf.int64)[0]),
+                                        tf.shape(dense, out_type=tf.int64))
+            split[id(group)] = dict(zip((id(t) for t in group.tables), group.split_gradient(grad)))
+        out.append(None if grad is None else split[id(group)][id(x)])
+    return out
 
 
 def refuse_foreign_norms(pairs) -> None:
@@ -210,7 +242,8 @@ def _sparse_square_norm(loss, var, lookups: List[_Lookup], n: int) -> tf.Tensor:
 def _table_gradient_of(lookup: _Lookup, upstream: tf.Tensor, var) -> Optional[tf.IndexedSlices]:
     """This lookup's own gradient at ``var`` (through the exchange, as the step's), as slices."""
     surrogate = tf.reduce_sum(tf.cast(lookup.output, tf.float32) * tf.stop_gradient(upstream))
-    [grad] = patches.original(tf, "gradients")(surrogate, [var])
+    source = var.group.variable if isinstance(var, PackedTable) else var  # its rows only: this lookup reads no other
+    [grad] = patches.original(tf, "gradients")(surrogate, [source])
     if grad is None:
         return None
     if not isinstance(grad, tf.IndexedSlices):

@@ -17,7 +17,8 @@ TensorFlow behaviours.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+import functools
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,19 +30,64 @@ SaveSpec = saveable_object_util.saveable_object.SaveSpec
 
 
 class PackedTable:
-    """Rows ``[offset, offset + rows)`` of a group variable, standing for the table ``name``."""
+    """Rows ``[offset, offset + rows)`` of a group variable, standing for the table ``name``.
 
-    def __init__(self, name: str, group: "PackedGroup", offset: int, rows: int):
-        self.name, self.group, self.offset, self.rows = name, group, offset, rows
+    Made by :class:`PackedGroup` from a table's value, or by the strategy's getter before its group exists
+    (:mod:`collective.embedding.packed_tables`): then ``seal`` makes the group the first time it is needed
+    (``initial`` gives the table's rows of the group's initial value; ``info``, its shard, tags the object as
+    the table, so lookups, gradient norms and the optimizer wrapper know it).
+    """
+
+    def __init__(self, name: str, rows: int, dim: int, dtype: tf.DType = tf.float32, info=None,
+                 initial: Optional[Callable[[], tf.Tensor]] = None,
+                 seal: Optional[Callable[["PackedTable"], None]] = None):
+        self.name, self.rows, self.dim, self.dtype = name, int(rows), int(dim), tf.as_dtype(dtype)
+        self.initial, self._seal = initial, seal
+        self.offset: Optional[int] = None
+        self._group: Optional["PackedGroup"] = None
+        if info is not None:
+            self._collective_shard = info
+        # TensorFlow's safe_embedding_lookup_sparse passes a resource variable on to embedding_lookup_sparse (which
+        # scope() serves) instead of converting it to a tensor: so it does this table.
+        self._should_act_as_resource_variable = True
+
+    def __repr__(self) -> str:
+        return f"<PackedTable {self.name!r} shape={self.shape} offset={self.offset}>"
+
+    @property
+    def group(self) -> "PackedGroup":
+        """The group holding the table's rows (made now if the table is not sealed yet)."""
+        if self._group is None and self._seal is not None:
+            self._seal(self)
+        if self._group is None:
+            raise ValueError(f"table {self.name!r} belongs to no packing group")
+        return self._group
+
+    def join(self, group: "PackedGroup", offset: int) -> None:
+        """Places the table at rows ``[offset, offset + rows)`` of ``group``."""
+        self._group, self.offset = group, int(offset)
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self.group.variable.graph
+
+    def sealed_offset(self) -> int:
+        """The table's first row in its group (sealing the group if needed)."""
+        if self.offset is None:
+            self.group.variable  # pylint: disable=pointless-statement  # seals the group
+        return self.offset
 
     @property
     def shape(self) -> tf.TensorShape:
-        """The table's logical shape ``[rows, dim]``."""
-        return tf.TensorShape([self.rows, self.group.dim])
+        """The table's local shape ``[rows, dim]`` (its logical one at world size 1)."""
+        return tf.TensorShape([self.rows, self.dim])
+
+    def get_shape(self) -> tf.TensorShape:
+        return self.shape
 
     def group_ids(self, ids: tf.Tensor) -> tf.Tensor:
-        """``ids`` of this table as rows of the group variable."""
-        return ids + tf.constant(self.offset, dtype=ids.dtype)
+        """Local rows ``ids`` of this table as rows of the group variable."""
+        return ids + tf.constant(self.sealed_offset(), dtype=ids.dtype)
 
     def lookup(self, ids: tf.Tensor) -> tf.Tensor:
         """``tf.nn.embedding_lookup(table, ids)``, read from the group variable."""
@@ -49,7 +95,22 @@ class PackedTable:
 
     def value(self) -> tf.Tensor:
         """The table's rows (for a regularizer or a norm): a slice of the group variable's value."""
-        return tf.slice(self.group.variable.value(), [self.offset, 0], [self.rows, -1])
+        offset = self.sealed_offset()
+        return tf.slice(self.group.variable.value(), [offset, 0], [self.rows, -1])
+
+    def read_value(self) -> tf.Tensor:
+        return self.value()
+
+
+def _read_packed_table(table: PackedTable, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
+    value = table.value()
+    if dtype is not None and not dtype.is_compatible_with(value.dtype):
+        raise ValueError(f"table {table.name!r} of dtype {value.dtype.name} read as {dtype.name}")
+    return value
+
+
+# A packed table reads as its rows (``tf.shape(table)``, ``tf.convert_to_tensor(table)``), as a variable does.
+tf.register_tensor_conversion_function(PackedTable, _read_packed_table)
 
 
 class _RowsSaveable(SaveableObject):
@@ -68,19 +129,30 @@ class _RowsSaveable(SaveableObject):
 class PackedGroup:
     """One resource variable ``<first table>/packed`` holding the tables' rows in the order given."""
 
-    def __init__(self, tables: Sequence[Tuple[str, np.ndarray]], dtype: tf.DType = tf.float32):
-        """``tables``: each table's name and initial value ``[rows, dim]`` (all of one ``dim``)."""
-        dims = {value.shape[1] for _, value in tables}
+    def __init__(self, tables: Sequence[Tuple[str, np.ndarray]] = (), dtype: tf.DType = tf.float32,
+                 members: Sequence[PackedTable] = (), name: Optional[str] = None):
+        """``tables``: each table's name and initial value ``[rows, dim]`` (all of one ``dim``); or ``members``,
+        tables made before their group, whose ``initial()`` gives their rows."""
+        members = list(members) or [PackedTable(table, value.shape[0], value.shape[1], dtype,
+                                                initial=functools.partial(tf.constant, value, dtype))
+                                    for table, value in tables]
+        dims = {t.dim for t in members}
         if len(dims) != 1:
-            raise ValueError(f"tables {[name for name, _ in tables]} of one packing group need one dim, got "
+            raise ValueError(f"tables {[t.name for t in members]} of one packing group need one dim, got "
                              f"{sorted(dims)}: give them separate groups")
         self.dim = dims.pop()
-        offsets = np.cumsum([0] + [value.shape[0] for _, value in tables])
-        self.name = f"{tables[0][0]}/packed"
-        self.variable = tf.compat.v1.Variable(np.concatenate([value for _, value in tables]), dtype=dtype,
-                                              name=self.name, use_resource=True)
-        self.tables: List[PackedTable] = [PackedTable(name, self, int(offsets[i]), value.shape[0])
-                                          for i, (name, value) in enumerate(tables)]
+        self.name = name or f"{members[0].name}/packed"
+        offsets = np.cumsum([0] + [t.rows for t in members])
+        for t, offset in zip(members, offsets):
+            t.join(self, offset)
+        self.tables: List[PackedTable] = members
+        if tables:
+            initial = np.concatenate([value for _, value in tables]).astype(tf.as_dtype(dtype).as_numpy_dtype)
+        else:
+            def initial():
+                return tf.concat([t.initial() for t in members], 0)
+        self.variable = tf.compat.v1.Variable(initial, dtype=dtype, name=self.name, use_resource=True)
+        self.variable._collective_packed = self  # pylint: disable=protected-access
 
     def split_gradient(self, grad: tf.IndexedSlices) -> List[tf.IndexedSlices]:
         """The group variable's gradient as each table's (its rows, indices back in the table's range), so

@@ -100,6 +100,13 @@ def shard_of(var: Any) -> Optional[ShardInfo]:
     return getattr(var, "_collective_shard", None)
 
 
+def scoped_contract(info: ShardInfo) -> ShardInfo:
+    """``info`` with the loss contract of a table made inside ``CollectiveStrategy.scope()`` (see :func:`tag`)."""
+    if info.world_size > 1 and info.gradient_scale == 1.0 and patches.active():
+        return dataclasses.replace(info, gradient_scale=1.0 / info.world_size)
+    return info
+
+
 def tag(var: tf.Variable, info: ShardInfo) -> tf.Variable:
     """Marks ``var`` as the local shard described by ``info``.
 
@@ -112,8 +119,7 @@ def tag(var: tf.Variable, info: ShardInfo) -> tf.Variable:
     Tables of SOK's own API made outside the scope keep SOK's contract (a
     loss divided by the global batch size): scale 1.
     """
-    if info.world_size > 1 and info.gradient_scale == 1.0 and patches.active():
-        info = dataclasses.replace(info, gradient_scale=1.0 / info.world_size)
+    info = scoped_contract(info)
     var._collective_shard = info  # pylint: disable=protected-access
     if not tf.executing_eagerly():
         tf.compat.v1.add_to_collection(SHARDED_COLLECTION, var)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
-from collective.embedding import modes
+from collective.embedding import modes, packed_tables
 from collective.embedding.table import (SHARDED_COLLECTION, ShardInfo, partitioned_initializer, shard_initial_value,
                                         shard_of, tag)
 from collective.sharding import shards
@@ -95,6 +95,14 @@ def inside_embedding_scope() -> bool:
 def embedding_scope_block():
     """Marks the block as ``embedding_scope()`` (see :func:`inside_embedding_scope`)."""
     return _set("embedding_scope", True)
+
+
+@contextlib.contextmanager
+def making_packed_group(info: ShardInfo) -> Iterator[None]:
+    """The block that makes a packing group's variable: a shard like ``info``'s (never broadcast), passed
+    through by the scope's creator."""
+    with creating_shard(info), _set("in_getter", True):
+        yield
 
 
 def deriving_from() -> Optional[tf.Variable]:
@@ -221,6 +229,9 @@ def _tagging_slots(listeners: List[Callable], create: Callable) -> Callable:
     @functools.wraps(create)
     def create_slot(*args, **kwargs):
         table = args[0] if args else next((kwargs[k] for k in _PRIMARY_KEYWORDS if k in kwargs), None)
+        group = packed_tables.group_of(table)
+        if group is not None:
+            return _packed_slot(group, table, create, args, kwargs)
         if shard_of(table) is None:
             return create(*args, **kwargs)
 
@@ -234,6 +245,19 @@ def _tagging_slots(listeners: List[Callable], create: Callable) -> Callable:
             return create(*args, **kwargs)
 
     return create_slot
+
+
+def _packed_slot(group, table: tf.Variable, create: Callable, args, kwargs):
+    """A slot of a packing group's variable: per-worker state of the group's rows (never broadcast), saved per
+    table (:func:`collective.embedding.packed_tables.expand_for_saving`)."""
+
+    def marking_creator(next_creator, **options):
+        slot = next_creator(**options)
+        slot._collective_packed_slot_of = group  # pylint: disable=protected-access
+        return slot
+
+    with _set("deriving", table), tf.variable_creator_scope(marking_creator):
+        return create(*args, **kwargs)
 
 
 def sharded_regularizer(regularizer: Callable, info: ShardInfo) -> Callable:
@@ -365,6 +389,9 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
             return _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs)
 
     def _get_sharded(getter, name, shape, dtype, initializer, partitioner, kwargs):
+        packed = packed_tables.existing(name)
+        if packed is not None:
+            return packed
         if kwargs.get("trainable") is False or deriving_from() is not None:  # slots, step counters
             return getter(name, shape=shape, dtype=dtype, initializer=initializer, partitioner=partitioner,
                           **kwargs)
@@ -384,6 +411,8 @@ def sharding_getter(ctx: "Context", replicate_below_bytes: int):
             return shard_initial_value(logical_init, info, dtype)
 
         _refuse_sliced_constraint(kwargs.get("constraint"), info)
+        if packed_tables.unpacked_reason(info, kwargs) is None:
+            return packed_tables.table(name, info, dtype, lambda: local_initializer(None), making_packed_group)
         _shard_regularizer(kwargs, info)
         kwargs["use_resource"] = True
         with creating_shard(info):

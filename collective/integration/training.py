@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.checkpoint import incremental, touched
-from collective.embedding import gradient_norms, tables
+from collective.embedding import gradient_norms, packed_tables, tables
 from collective.embedding.hash_table import dynamic as dynamic_vocabulary
 from collective.embedding.hash_table import growth as table_growth
 from collective.embedding.table import shard_of
@@ -168,7 +168,8 @@ def average_gradients(grads_and_vars) -> List[tuple]:
     already = _averaged_checker()
     dense_at, dense, averaged = [], [], []
     for i, (grad, var) in enumerate(pairs):
-        if grad is None or shard_of(var) is not None or tables.slot_owner(var) is not None or already(grad):
+        if (grad is None or shard_of(var) is not None or tables.slot_owner(var) is not None
+                or packed_tables.is_packed(var) or already(grad)):
             continue
         if isinstance(grad, tf.IndexedSlices) and _dense_is_cheaper(grad, var, n):
             pairs[i] = (_averaged_as_dense(grad, var, n), var)
@@ -235,7 +236,11 @@ def averaged_compute(optimizer, compute: Callable, *args, **kwargs):
     have, which ``tf.clip_by_global_norm`` uses (:mod:`collective.embedding.gradient_norms`).
     """
     tables.watch_slots(optimizer)
-    pairs = average_gradients(compute(*args, **kwargs))
+    if kwargs.get("var_list") is not None:
+        kwargs = dict(kwargs, var_list=packed_tables.map_var_list(kwargs["var_list"]))
+    elif len(args) > 1 and args[1] is not None:
+        args = (args[0], packed_tables.map_var_list(args[1])) + tuple(args[2:])
+    pairs = average_gradients(packed_tables.split_pairs(compute(*args, **kwargs)))
     gradient_norms.attach(args[0] if args else kwargs.get("loss"), pairs)
     return pairs
 
@@ -278,9 +283,11 @@ def averaged_apply(optimizer, apply: Callable, grads_and_vars, *args, **kwargs):
         gradient_norms.refuse_clipvalue(optimizer, grads_and_vars)
     tables.watch_slots(optimizer, dynamic_vocabulary.remember_slot)
     tables.watch_slots(optimizer, table_growth.remember_slot)
-    pairs = gradients_before_updates(average_gradients(grads_and_vars))
+    averaged = average_gradients(grads_and_vars)
+    pairs = gradients_before_updates(packed_tables.merge_pairs(averaged))
     table_growth.watch_updates(optimizer, [v for _, v in pairs])  # a growing table's slots grow before updates
-    done = touched.applied_and_marked(optimizer, pairs, apply(pairs, *args, **kwargs))
+    # Packed tables' rows are marked per table (their pairs before the merge).
+    done = touched.applied_and_marked(optimizer, packed_tables.split_pairs(averaged), apply(pairs, *args, **kwargs))
     after = [] if done is None else [done.op if isinstance(done, tf.Variable) else done]
     global_step = kwargs.get("global_step", args[0] if args else None)
     if isinstance(optimizer, keras_optimizers):  # (grads_and_vars, name, ...): no global step argument

@@ -44,7 +44,8 @@ class TablePlan:
       exchange: the exchange that serves its lookups (a name registered in
         ``collective.embedding.exchanges``), or ``"allreduce"``: an ordinary variable, averaged like a dense layer.
       ranks: the ranks holding its rows.
-      packing_group: the physical variable it shares with other tables; empty (packing does not exist yet).
+      packing_group: the physical variable it shares with other tables (``<first table>/packed``, docs/packing.md);
+        empty when it is its own variable.
       reason: why, in words.
     """
 
@@ -129,9 +130,12 @@ class ShardingPlan(Mapping[str, TablePlan]):
         return f"ShardingPlan({len(self)} tables, world_size={self.world_size}, fingerprint={self.fingerprint()})"
 
     def __str__(self) -> str:
-        header = ("table", "rows", "dim", "bytes/worker", "placement", "exchange", "ranks", "reason")
+        packed = any(t.packing_group for t in self._tables.values())
+        header = ("table", "rows", "dim", "bytes/worker", "placement", "exchange", "ranks") + \
+            (("packing group",) if packed else ()) + ("reason",)
         rows = [header] + [(t.name, str(t.rows), str(t.dim), f"{t.bytes_per_worker:,}", t.placement, t.exchange,
-                            _ranks(t.ranks), t.reason) for t in self._tables.values()]
+                            _ranks(t.ranks)) + ((t.packing_group or "-",) if packed else ()) + (t.reason,)
+                           for t in self._tables.values()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
         lines = [f"sharding plan: {len(self)} table(s) on {self.world_size} worker(s), fingerprint "
                  f"{self.fingerprint()}"]

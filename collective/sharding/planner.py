@@ -194,6 +194,12 @@ def hierarchical_pays(host_sizes: Sequence[int]) -> bool:
     return len(host_sizes) > 1 and max(host_sizes) > 1
 
 
+def packable(placement: str, backend: str) -> bool:
+    """Whether a fixed-vocabulary table of ``placement`` may share a packing group's variable under ``backend``
+    (docs/packing.md, stage 2): row-wise tables served by ``hb``."""
+    return placement == "row_wise" and backend == "hb"
+
+
 def exchange_for(placement: str, backend: str) -> str:
     """The exchange serving a ``placement`` table's lookups in a step of ``backend`` (the rule lookups follow)."""
     if placement == "replicated":

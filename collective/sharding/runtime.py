@@ -78,6 +78,7 @@ class Planning:
         self.world = planner.World(ctx.world_size, ctx.local_size, memory_per_worker)
         self.cost = planner.CostModel(global_batch_size, ids_per_sample, ctx.replicate_below_bytes)
         self._specs: List[planner.TableSpec] = []
+        self._packing: Dict[str, str] = {}
         self.plan = ShardingPlan((), ctx.world_size)
 
     def place(self, spec: planner.TableSpec, replicate_below_bytes: Optional[int] = None) -> TablePlan:
@@ -88,7 +89,7 @@ class Planning:
         cost = self.cost if replicate_below_bytes is None else \
             planner.CostModel(self.cost.global_batch_size, self.cost.ids_per_sample, replicate_below_bytes)
         with _lock:
-            plan = planner.plan(specs, self.world, self.overrides, cost, self.backend, partial=True)
+            plan = self._packed(planner.plan(specs, self.world, self.overrides, cost, self.backend, partial=True))
             self._specs, self.plan = specs, plan
             _latest[0] = self
         return plan[spec.name]
@@ -102,6 +103,19 @@ class Planning:
             self._specs = [s if s.name != old else _renamed(s, new) for s in self._specs if s.name != new]
             tables = [t if t.name != old else _renamed(table, new) for t in self.plan.values() if t.name != new]
             self.plan = ShardingPlan(tables, self.world_size)
+
+    def pack(self, names, group: str) -> None:
+        """Records that tables ``names`` share the packing group ``group`` (one physical variable per worker)."""
+        with _lock:
+            self._packing.update((name, group) for name in names)
+            self.plan = self._packed(self.plan)
+
+    def _packed(self, plan: ShardingPlan) -> ShardingPlan:
+        """``plan`` with the packing groups recorded by :meth:`pack`."""
+        if not any(name in self._packing for name in plan):
+            return plan
+        return ShardingPlan([dataclasses.replace(t, packing_group=self._packing.get(t.name, t.packing_group))
+                             for t in plan.values()], plan.world_size)
 
     def complete(self) -> ShardingPlan:
         """The plan of every table made, checked whole: an override naming a table never made is refused."""

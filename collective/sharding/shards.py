@@ -43,6 +43,11 @@ def record_name(planned: str, made: str) -> None:
     runtime.current().rename(planned, made)
 
 
+def pack(names, group: str) -> None:
+    """Records that the tables ``names`` share the packing group ``group``."""
+    runtime.current().pack(set(names), group)
+
+
 def renamed(info: ShardInfo, name: str, hash_index: Any = None) -> ShardInfo:
     """``info`` under the graph name its variable got (the plan follows), with ``hash_index`` when given."""
     record_name(info.name, name)

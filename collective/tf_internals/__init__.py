@@ -39,7 +39,7 @@ name here                    what for                                           
 ``saveable_object_util``     saveables of the variables that are not sharded           checkpoint.model_dir
 ``function_utils``           ``fn_args`` (the arguments a model_fn takes)              estimator, export
 ``export_utils``             timestamped and temporary SavedModel directories          export
-``func_graph``               ``FuncGraph`` (function bodies take ungrouped lookups)    embedding.coalescing
+``func_graph``               ``FuncGraph`` (function bodies take ungrouped lookups)    embedding.coalescing, embedding.packed_tables
 ``PartitionInfo``            ``variable_scope._PartitionInfo``: TF1 initialisers'      embedding.table
                              scale
 ``feature_column_v1``        ``_internal_input_layer``, ``_SharedEmbeddingColumn``,    column_lookups,

@@ -1,6 +1,7 @@
 """One stage of a checkpoint's trip across placements and worker counts (issue 43).
 
-argv: stage backend tf1|tf2 prefix_in|- prefix_out t_placement u_placement
+argv: stage backend tf1|tf2 prefix_in|- prefix_out t_placement u_placement (``COLLECTIVE_PACKING`` as the
+launch sets it: t and u share one packing group when both are row-wise under hb)
 
 Restores ``prefix_in`` (``-``: starts from the initial values), trains
 :data:`STEPS` steps of the model below (two tables under the given
@@ -10,6 +11,7 @@ test compares each stage's checkpoint (the logical tables and slots, read
 with ``tf.train.load_variable``) with one process trained as many steps.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -21,7 +23,8 @@ if __name__ == "__main__" and sys.argv[3] == "tf1":
 from collective import CollectiveStrategy  # noqa: E402  pylint: disable=wrong-import-position
 from collective.checkpoint import Saver  # noqa: E402  pylint: disable=wrong-import-position
 
-T_SHAPE, U_SHAPE, BATCH, STEPS = (7, 5), (5, 3), 6, 2
+# One dim: row-wise under hb with COLLECTIVE_PACKING=1, t and u share one packing group (docs/packing.md).
+T_SHAPE, U_SHAPE, BATCH, STEPS = (7, 5), (5, 5), 6, 2
 
 
 def global_batch(step: int):
@@ -103,6 +106,8 @@ def main(stage, backend, prefix_in, prefix_out, t_placement, u_placement):
                 sess.run(train_op, feed(local_batch(step, r, n)))
             saver.save(sess, prefix_out)
         assert [strategy.plan[name].placement for name in ("t", "u")] == [t_placement, u_placement]
+        packs = os.environ.get("COLLECTIVE_PACKING") == "1" and backend == "hb" and t_placement == u_placement == "row_wise"
+        assert [strategy.plan[name].packing_group for name in ("t", "u")] == (["t/packed"] * 2 if packs else ["", ""])
     import host_probe  # pylint: disable=import-outside-toplevel  (a script's neighbour; tests import this module)
 
     host_probe.record_exchange()  # tests/test_hosts.py: the route of a TF1 job on several hosts

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from collective import comm
 from collective.embedding import combiners
+from collective.embedding.packed_group import PackedTable
 from collective.embedding.table import ShardInfo
 
 
@@ -135,6 +136,8 @@ def owned_rows(p: Prepared, ids: tf.Tensor) -> tf.Tensor:
     index = p.info.hash_index
     if index is not None:
         rows = index.owned_vectors(p.req.table, ids)
+    elif isinstance(p.req.table, PackedTable):
+        rows = tf.gather(p.req.table.group.variable, p.req.table.group_ids(p.info.layout.local_row(ids)))
     else:
         rows = tf.gather(p.req.table, p.info.layout.local_row(ids))
     return scale_gradient(rows, p.info.gradient_scale)
@@ -220,9 +223,22 @@ def rows_of_keys(group: Sequence[Prepared], keys: tf.Tensor) -> tf.Tensor:
     if count == 1:
         return owned_rows(group[0], keys)
     which = tf.cast(keys % count, tf.int32)
+    if _one_group(group):
+        tables = [p.req.table for p in group]
+        offsets = tf.constant([t.sealed_offset() for t in tables], dtype=tf.int64)
+        rows = tf.gather(tables[0].group.variable,
+                         tf.gather(offsets, which) + group[0].info.layout.local_row(keys // count))
+        return scale_gradient(rows, group[0].info.gradient_scale)
     positions = tf.dynamic_partition(tf.range(tf.size(keys, out_type=tf.int32)), which, count)
     ids = tf.dynamic_partition(keys // count, which, count)
     return tf.dynamic_stitch(positions, [owned_rows(p, i) for p, i in zip(group, ids)])
+
+
+def _one_group(group: Sequence[Prepared]) -> bool:
+    """Whether every request of ``group`` looks up a packed table of one packing group (one gather serves them)."""
+    tables = [p.req.table for p in group]
+    return (all(isinstance(t, PackedTable) for t in tables) and len({id(t.group) for t in tables}) == 1
+            and len({p.info.gradient_scale for p in group}) == 1)
 
 
 def split_by_request(vectors: tf.Tensor, ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
