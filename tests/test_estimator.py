@@ -10,6 +10,7 @@ plain TensorFlow training on the global batch and plain single-process
 evaluation of all workers' data.
 """
 
+import functools
 import json
 import pathlib
 
@@ -326,6 +327,7 @@ def canned(tmp_path_factory):
     return canned_runs(tmp_path_factory.mktemp("canned"))
 
 
+@functools.lru_cache(maxsize=None)  # the references' exports are served for both worker counts
 def _served(export_dir: str) -> np.ndarray:
     from workers import canned_cases
 
