@@ -10,6 +10,7 @@ plain TensorFlow training on the global batch and plain single-process
 evaluation of all workers' data.
 """
 
+import functools
 import json
 import pathlib
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher import launch_once, load_rank_results, run_workers
+from launcher import launch_once, load_rank_results, run_together, run_workers
 from workers import estimator_cases as cases
 
 # Every backend and 1, 2, 3 workers, without the full cross product (each launch costs ~20 s).
@@ -41,8 +42,18 @@ def _launch(base, backend, n):
         _launch(base, *previous)
     out = base / f"{backend}-{n}"
     out.mkdir()
-    proc = run_workers("estimator_worker.py", n, [out, backend, base / "-".join(map(str, previous)) if previous else "-"],
-                       env={"COLLECTIVE_STRATEGY": backend})
+
+    def launch():
+        return run_workers("estimator_worker.py", n, [out, backend, base / "-".join(map(str, previous)) if previous
+                                                      else "-"], env={"COLLECTIVE_STRATEGY": backend}, timeout=600)
+
+    if n == 1:  # a one-worker launch leaves a core idle: the canned estimators' 2-worker launch runs beside it
+        canned_reference(base / "canned")
+        (ok, proc), _ = run_together([launch, lambda: canned_launch(base / "canned", 2)])  # canned_launch keeps its own
+        if not ok:
+            raise proc
+    else:
+        proc = launch()
     proc.out_dir = out
     return n, load_rank_results(out, n), proc
 
@@ -299,8 +310,8 @@ def test_plain_estimator_inside_scope_is_refused_naming_it(tmp_path):
 
 
 @launch_once
-def canned_runs(base: pathlib.Path):
-    """One-process references (plain TensorFlow Estimators), then one launch on 2 and one on 3 workers."""
+def canned_reference(base: pathlib.Path):
+    """One-process references (plain TensorFlow Estimators) and the warm-start checkpoint: ``(reference, warm)``."""
     from workers import canned_cases
 
     reference = {}
@@ -313,19 +324,28 @@ def canned_runs(base: pathlib.Path):
         exported = plain.export_saved_model(str(base / "reference" / name / "export"),
                                             canned_cases.serving_input_receiver_fn)
         reference[name] = (plain.latest_checkpoint(), metrics, exported.decode())
-    warm = canned_cases.write_warm_checkpoint(str(base / "warm" / "model.ckpt"))
-    runs = {}
-    for n in (2, 3):
-        run_workers("canned_worker.py", n, [base / f"n{n}", base / "initial", warm], timeout=600)
-        runs[n] = load_rank_results(base / f"n{n}", n)
-    return reference, runs, base
+    return reference, canned_cases.write_warm_checkpoint(str(base / "warm" / "model.ckpt"))
+
+
+@launch_once
+def canned_launch(base: pathlib.Path, n: int):
+    """The canned estimators' launch on ``n`` workers (the 2-worker one runs beside the 1-worker estimator launch)."""
+    _, warm = canned_reference(base)
+    run_workers("canned_worker.py", n, [base / f"n{n}", base / "initial", warm], timeout=600)
+    return load_rank_results(base / f"n{n}", n)
+
+
+def canned_runs(base: pathlib.Path):
+    """The one-process references, then the launches on 2 and 3 workers: ``(reference, {n: results}, base)``."""
+    return canned_reference(base)[0], {n: canned_launch(base, n) for n in (2, 3)}, base
 
 
 @pytest.fixture(scope="module")
-def canned(tmp_path_factory):
-    return canned_runs(tmp_path_factory.mktemp("canned"))
+def canned(base):
+    return canned_runs(base / "canned")
 
 
+@functools.lru_cache(maxsize=None)  # the references' exports are served for both worker counts
 def _served(export_dir: str) -> np.ndarray:
     from workers import canned_cases
 

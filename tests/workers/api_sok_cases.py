@@ -11,6 +11,8 @@ vector is a function of the key (:mod:`collective.embedding.key_init`), so the
 reference table starts from the same vectors.
 """
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -94,6 +96,7 @@ class ReferenceModel(tf.keras.models.Model):
         return self.out_layer(hidden)
 
 
+@functools.lru_cache(maxsize=None)  # runs that differ only in the worker count share one reference
 def reference_training(table_name: str, dtype: str, emb_optimizer: str = "keras_adam"):
     """Losses, final table (a row per KEY_POOL key) and dense weights of one process on the global batches.
 

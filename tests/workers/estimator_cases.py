@@ -162,20 +162,38 @@ def make_batch_norm_model_fn(strategy):
 
 # ------------------------------------------------------------ single-process references
 
+# Each reference program is built once per process and shape (graph and session), then run again from its
+# initial values for every call: the tests ask the same programs for several runs' data.
+_PROGRAMS: Dict[tuple, tuple] = {}
+
+
+def _program(key: tuple, build):
+    """``(session, handles)`` of the program ``build()`` (called in a new graph) under ``key``, built on first use."""
+    if key not in _PROGRAMS:
+        graph = tf.Graph()
+        with graph.as_default():
+            handles = build()
+        _PROGRAMS[key] = (tf.compat.v1.Session(graph=graph), handles)
+    return _PROGRAMS[key]
+
+
+def _moving_statistics_program(width: int):
+    x = tf.compat.v1.placeholder(tf.float32, [None, width])
+    apply, keras_bn = batch_norm_layers(width)
+    apply(x)
+    updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS) + list(keras_bn.updates)
+    moving = {v.op.name: v for v in tf.compat.v1.global_variables() if "moving_" in v.op.name}
+    return x, updates, moving, tf.compat.v1.global_variables_initializer()
+
+
 def reference_moving_statistics(xs: Sequence[np.ndarray]) -> Dict[str, np.ndarray]:
     """Plain TensorFlow: :func:`batch_norm_layers`' moving statistics after training mode on the batches ``xs``."""
     width = xs[0].shape[1]
-    with tf.Graph().as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, width])
-        apply, keras_bn = batch_norm_layers(width)
-        apply(x)
-        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS) + list(keras_bn.updates)
-        moving = {v.op.name: v for v in tf.compat.v1.global_variables() if "moving_" in v.op.name}
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            for batch in xs:
-                sess.run(updates, {x: batch})
-            return sess.run(moving)
+    sess, (x, updates, moving, init) = _program(("moving", width), lambda: _moving_statistics_program(width))
+    sess.run(init)
+    for batch in xs:
+        sess.run(updates, {x: batch})
+    return sess.run(moving)
 
 
 def reference_train(steps: Sequence[Sequence[Batch]], n: int):
@@ -187,48 +205,60 @@ def reference_train(steps: Sequence[Sequence[Batch]], n: int):
     return state["table"], state["w"], state["b"]
 
 
+def _state_program(n: int, optimizer):
+    holders = [{"item": tf.compat.v1.placeholder(tf.int64, [None]),
+                "x": tf.compat.v1.placeholder(tf.float32, [None, FEATURES]),
+                "label": tf.compat.v1.placeholder(tf.float32, [None, 1])} for _ in range(n)]
+    losses = []
+    with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
+        for h in holders:
+            ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=h["label"], logits=logits_of(h))
+            losses.append(tf.reduce_sum(ce) / tf.maximum(tf.cast(tf.size(ce), tf.float32), 1.0))
+    train_op = optimizer().minimize(tf.add_n(losses) / n)
+    variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+    state = {name: variables[name] for name in ("table", "w", "b") + SLOTS[optimizer]}
+    return holders, train_op, state, tf.compat.v1.global_variables_initializer()
+
+
 def reference_state(steps: Sequence[Sequence[Batch]], n: int, optimizer=sgd) -> Dict[str, np.ndarray]:
     """:func:`reference_train` with ``optimizer()``: ``{name: value}`` of table, w, b and their slots (SLOTS)."""
-    with tf.Graph().as_default():
-        holders = [{"item": tf.compat.v1.placeholder(tf.int64, [None]),
-                    "x": tf.compat.v1.placeholder(tf.float32, [None, FEATURES]),
-                    "label": tf.compat.v1.placeholder(tf.float32, [None, 1])} for _ in range(n)]
-        losses = []
-        with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
-            for h in holders:
-                ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=h["label"], logits=logits_of(h))
-                losses.append(tf.reduce_sum(ce) / tf.maximum(tf.cast(tf.size(ce), tf.float32), 1.0))
-        train_op = optimizer().minimize(tf.add_n(losses) / n)
-        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            for per_worker in steps:
-                feed = {}
-                for h, batch in zip(holders, list(per_worker) + [concat([])] * (n - len(per_worker))):
-                    feed.update({h[k]: batch[k] for k in h})
-                sess.run(train_op, feed)
-            return sess.run({name: variables[name] for name in ("table", "w", "b") + SLOTS[optimizer]})
+    sess, (holders, train_op, state, init) = _program(("state", n, optimizer), lambda: _state_program(n, optimizer))
+    sess.run(init)
+    for per_worker in steps:
+        feed = {}
+        for h, batch in zip(holders, list(per_worker) + [concat([])] * (n - len(per_worker))):
+            feed.update({h[k]: batch[k] for k in h})
+        sess.run(train_op, feed)
+    return sess.run(state)
+
+
+def _eval_program():
+    item = tf.compat.v1.placeholder(tf.int64, [None])
+    x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
+    label = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    table = tf.compat.v1.placeholder(tf.float32, [VOCAB, DIM])
+    w = tf.compat.v1.placeholder(tf.float32, [DIM + FEATURES, 1])
+    b = tf.compat.v1.placeholder(tf.float32, [1])
+    logits = tf.matmul(tf.concat([tf.gather(table, item), x], 1), w) + b
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
+    ops = metric_ops(label, logits)
+    ops["loss"] = tf.compat.v1.metrics.mean(loss)
+    keras = keras_metrics(label, logits)
+    ops.update({name: (metric.result(), update) for name, (metric, update) in keras.items()})
+    reset = [tf.compat.v1.local_variables_initializer(),
+             tf.compat.v1.variables_initializer([v for metric, _ in keras.values() for v in metric.variables])]
+    return (item, x, label), (table, w, b), tf.group([op[1] for op in ops.values()]), \
+        {k: op[0] for k, op in ops.items()}, reset
 
 
 def reference_eval(batches: Sequence[Batch], table, w, b) -> Dict[str, float]:
     """Plain single-process evaluation of all batches with Estimator's metrics (loss: mean of batch losses)."""
-    with tf.Graph().as_default():
-        item = tf.compat.v1.placeholder(tf.int64, [None])
-        x = tf.compat.v1.placeholder(tf.float32, [None, FEATURES])
-        label = tf.compat.v1.placeholder(tf.float32, [None, 1])
-        logits = tf.matmul(tf.concat([tf.gather(tf.constant(table), item), x], 1), w) + b
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
-        ops = metric_ops(label, logits)
-        ops["loss"] = tf.compat.v1.metrics.mean(loss)
-        keras = keras_metrics(label, logits)
-        ops.update({name: (metric.result(), update) for name, (metric, update) in keras.items()})
-        update = tf.group([op[1] for op in ops.values()])
-        with tf.compat.v1.Session() as sess:
-            sess.run([tf.compat.v1.local_variables_initializer(),
-                      tf.compat.v1.variables_initializer([v for metric, _ in keras.values() for v in metric.variables])])
-            for batch in batches:
-                sess.run(update, {item: batch["item"], x: batch["x"], label: batch["label"]})
-            return {k: float(v) for k, v in sess.run({k: op[0] for k, op in ops.items()}).items()}
+    sess, ((item, x, label), weights, update, values, reset) = _program(("eval",), _eval_program)
+    sess.run(reset)
+    given = dict(zip(weights, (table, w, b)))
+    for batch in batches:
+        sess.run(update, {item: batch["item"], x: batch["x"], label: batch["label"], **given})
+    return {k: float(v) for k, v in sess.run(values).items()}
 
 
 def reference_logits(batch: Batch, table, w, b) -> np.ndarray:

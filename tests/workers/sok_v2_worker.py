@@ -7,7 +7,8 @@ sok.DynamicVariable, looked up with one sok.lookup_sparse call (sum, mean,
 mean; SparseTensor and RaggedTensor ids), a Dense layer on top, trained
 ``STEPS`` steps on this worker's slice of the global batch: dense gradients
 summed over workers, SOK gradients applied by sok.OptimizerWrapper. The twin
-(rank 0) trains plain tf.Variables with tf.nn.embedding_lookup_sparse on the
+(rank 0 of the first launch, ``previous`` ``-``: it does not depend on the
+world size) trains plain tf.Variables with tf.nn.embedding_lookup_sparse on the
 whole global batch. After Adam the tables and slots are dumped with sok.dump
 into out_dir/dump; with a previous run's folder, fresh tables load that dump
 (written on another number of workers) and their rows and slots are recorded.
@@ -179,7 +180,8 @@ results["adam_inc_counts"] = np.array([list(sok.incremental_dump(
     for name, since in (("began", began), ("ended", time.time()))])
 train("sgd")
 train("adagrad", steps=4, after_step=dump_incrementally)
-if rank == 0:
+TWINS = rank == 0 and previous == "-"  # the twins train on the global batch: one launch computes them for all
+if TWINS:
     twin("adam")
     twin("sgd")
 sok.dump(os.path.join(out_dir, "dump"), adam_tables, adam_wrapper)
@@ -259,7 +261,7 @@ def tf1_phase():
                     results[f"tf1_{kind}/{name}/keys"], results[f"tf1_{kind}/{name}/values"] = \
                         sess.run([keys, values])
                 results[f"tf1_{kind}/kernel"], results[f"tf1_{kind}/bias"] = sess.run([kernel, bias])
-        if rank == 0:
+        if TWINS:
             tf1_twin(kind, make)
 
 
