@@ -35,6 +35,11 @@ def pytest_configure(config):
     # workers than cores. At 5 ms, test_estimator + test_api_sok + test_feature_column_hash used 10% less CPU
     # (489 -> 437 s) and 6% less time.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+    # TensorFlow's oneDNN graph rewrites (on by default in the x86 CPU build) cost more than they gain on the
+    # suite's small graphs: every session creation runs the layout pass, every small matmul pays oneDNN's
+    # dispatch. Off, test_api_sok + test_sok_v2 took 122-132 CPU-s against 154-165 on. The workers, the warm
+    # launch server and the plain-TensorFlow subprocesses inherit it; numbers are compared within one setting.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 # Tests that may never be skipped: a skip there is reported as a failure (the multi-host tests must run in CI).
