@@ -30,12 +30,13 @@ a behaviour each backend meets every entry point over N and each N over the
 backends. A cell is held to a plain process of the same entry points (the
 same values whichever behaviour computes them).
 
-Each cell (backend, N, behaviour) trains with one optimizer, that of
-``cases.optimizers_for``, a rotation: under TF2 each backend and each N meets
-GradientDescent, Momentum and Ftrl, under TF1 Adagrad and Adam, so that each
-backend and each N meets all five over the two behaviours. The generated
-programs (tests/test_programs.py) draw optimizers (Ftrl aside), backends, N
-and both behaviours: TF2 behaviour with Adagrad and Adam is theirs.
+Each cell (backend, N, behaviour) trains with the optimizers of
+``cases.optimizers_for``, rotations: under TF2 one of GradientDescent,
+Momentum and Ftrl and one of Adagrad and Adam (one update each on the
+cell's model), under TF1 one of Adagrad and Adam, so that each backend and
+each N meets all five under TF2 and the two adaptive ones under both. The
+generated programs (tests/test_programs.py) draw optimizers (Ftrl aside),
+backends, N and both behaviours beside them.
 """
 
 import functools

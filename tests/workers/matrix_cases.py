@@ -35,10 +35,9 @@ OPTIMIZERS = ("GradientDescent", "Momentum", "Adagrad", "Adam", "Ftrl")
 # The TF1-behaviour launches (disable_v2_behavior) train with these: slots of both kinds (per row; Adam's
 # beta powers beside them) on ref variables; the other optimizers differ from them only in the update rule.
 TF1_OPTIMIZERS = ("Adagrad", "Adam")
-# The TF2-behaviour launches train with the other three (Ftrl, which the generated programs do not draw, among
-# them), so that each backend and each N meets all five over the two behaviours; TF2 behaviour with Adagrad and
-# Adam is drawn by the generated programs (tests/test_programs.py: the clip-by-global-norm regressions train
-# Adagrad on every backend at N = 2 and 3 on every run).
+# The TF2-behaviour launches train with one of the other three (Ftrl, which the generated programs do not draw,
+# among them) and one of TF1_OPTIMIZERS, each in its own rotation: so each backend and each N meets all five
+# under TF2 and Adagrad and Adam under both behaviours.
 TF2_OPTIMIZERS = ("GradientDescent", "Momentum", "Ftrl")
 # Hash keys: negative, extreme and ordinary int64 values.
 KEY_POOL = np.unique(np.array([0, 3, -1, -9, 2 ** 40 + 1, -(2 ** 50), np.iinfo(np.int64).max, 7 * 10 ** 14,
@@ -76,18 +75,19 @@ def sharding_for(backend: str, n: int, tf1: bool = False):
 
 
 def optimizers_for(backend: str, n: int, tf1: bool = False) -> Tuple[str, ...]:
-    """The optimizer the cell (``backend``, ``n`` workers, behaviour) trains with, in a Latin rotation: one per
-    cell, one representative per (backend, N) and behaviour.
+    """The optimizers the cell (``backend``, ``n`` workers, behaviour) trains with, each in a Latin rotation.
 
-    TF2: one of :data:`TF2_OPTIMIZERS`, TF1: one of :data:`TF1_OPTIMIZERS`, so that under each behaviour each
-    backend meets all of its optimizers over N = 1, 2, 3 and each N over the backends: over the two
-    behaviours each backend and each N meets all five :data:`OPTIMIZERS`. The generated programs
-    (tests/test_programs.py) draw the other combinations (Ftrl aside).
+    TF1: one of :data:`TF1_OPTIMIZERS`; TF2: one of :data:`TF2_OPTIMIZERS` and one of :data:`TF1_OPTIMIZERS`
+    (they share the cell's model and gradients: one update each). So under each behaviour each backend meets
+    each of its optimizers over N = 1, 2, 3 and each N over the backends: under TF2 all five
+    :data:`OPTIMIZERS`, under TF1 Adagrad and Adam. The generated programs (tests/test_programs.py) draw
+    the other combinations (Ftrl aside).
     """
     b, k = BACKENDS.index(backend), WORKERS.index(n)
+    adaptive = TF1_OPTIMIZERS[(b + k) % len(TF1_OPTIMIZERS)]
     if tf1:
-        return (TF1_OPTIMIZERS[(b + k) % len(TF1_OPTIMIZERS)],)
-    return (TF2_OPTIMIZERS[(b + k) % len(TF2_OPTIMIZERS)],)
+        return (adaptive,)
+    return (TF2_OPTIMIZERS[(b + k) % len(TF2_OPTIMIZERS)], adaptive)
 
 
 class Features(NamedTuple):
