@@ -17,16 +17,25 @@ TensorFlow behaviours.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from collective.tf_internals import saveable_object_util
+from collective.tf_internals import extending, saveable_object_util
 
 SaveableObject = saveable_object_util.saveable_object.SaveableObject
 SaveSpec = saveable_object_util.saveable_object.SaveSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedOp:
+    """What a packed table, or a view of its rows, gives as its ``op``: only the name its unpacked variable's op
+    has (not an operation of the graph)."""
+
+    name: str
 
 
 class PackedTable:
@@ -45,6 +54,7 @@ class PackedTable:
         self.initial, self._seal = initial, seal
         self.offset: Optional[int] = None
         self._group: Optional["PackedGroup"] = None
+        self._fetched: Optional[tf.Tensor] = None
         if info is not None:
             self._collective_shard = info
         # TensorFlow's safe_embedding_lookup_sparse passes a resource variable on to embedding_lookup_sparse (which
@@ -100,6 +110,15 @@ class PackedTable:
 
     def read_value(self) -> tf.Tensor:
         return self.value()
+
+    def _as_graph_element(self) -> tf.Tensor:
+        """What ``sess.run(table)`` fetches: the table's rows, one read made on first use outside any control
+        dependency or control flow (as a variable's graph element is), in a finalized graph too."""
+        if self._fetched is None:
+            graph = self.group.variable.graph
+            with extending(graph), graph.control_dependencies(None), graph.name_scope(None):
+                self._fetched = self.value()
+        return self._fetched
 
 
 def _read_packed_table(table: PackedTable, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument

@@ -34,10 +34,10 @@ from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tup
 import tensorflow as tf
 
 from collective.embedding import lookup, modes, packing
-from collective.embedding.packed_group import PackedGroup, PackedTable
+from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
 from collective.sharding import planner, shards
-from collective.tf_internals import func_graph
+from collective.tf_internals import extending, func_graph
 
 _GroupKey = Tuple[str, int, int]
 # Per graph: the tables made by name (get_variable returns the same object when asked again), the tables waiting
@@ -216,10 +216,19 @@ class RowsView:
             self._collective_slot_of = slot_of
         self.dtype = var.dtype
         self.shape = tf.TensorShape([table_.rows, width])
-        self.op = _Named(name)
+        self.op = NamedOp(name)
+        self._fetched: Optional[tf.Tensor] = None
 
     def read_value(self) -> tf.Tensor:
         return tf.slice(self._var.value(), [self._table.offset, 0], [self._table.rows, -1])
+
+    def _as_graph_element(self) -> tf.Tensor:
+        """What ``sess.run(view)`` fetches: the rows, one read made on first use outside any control dependency or
+        control flow, in a finalized graph too."""
+        if self._fetched is None:
+            with extending(self.graph), self.graph.control_dependencies(None), self.graph.name_scope(None):
+                self._fetched = self.read_value()
+        return self._fetched
 
     def value(self) -> tf.Tensor:
         return self.read_value()
@@ -230,9 +239,15 @@ class RowsView:
                                                          rows)).op
 
 
-@dataclasses.dataclass(frozen=True)
-class _Named:
-    name: str
+def _read_rows_view(view: RowsView, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
+    value = view.read_value()
+    if dtype is not None and not dtype.is_compatible_with(value.dtype):
+        raise ValueError(f"{view.name!r} of dtype {value.dtype.name} read as {dtype.name}")
+    return value
+
+
+# A view reads as its rows (tf.convert_to_tensor(optimizer.get_slot(table, name))), as a slot variable does.
+tf.register_tensor_conversion_function(RowsView, _read_rows_view)
 
 
 def expand_for_saving(var_list: Sequence) -> List:
