@@ -250,6 +250,27 @@ def _read_rows_view(view: RowsView, dtype=None, name=None, as_ref=False):  # pyl
 tf.register_tensor_conversion_function(RowsView, _read_rows_view)
 
 
+def _slot_name(var, group: PackedGroup, t: PackedTable) -> str:
+    """The name the unpacked table ``t``'s slot (or derived variable) has, for ``var`` of ``group``'s variable."""
+    name, group_name = var.op.name, group.variable.op.name
+    if group_name not in name:
+        raise ValueError(f"variable {name!r} of packing group {group_name!r} does not hold the group's name, so it "
+                         "cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
+    return name.replace(group_name, t.name, 1)
+
+
+def slot_view(slot: tf.Variable, table_: PackedTable) -> RowsView:
+    """``table_``'s rows of ``slot`` (an optimizer slot of its group variable) under the name the unpacked table's
+    slot has: what ``optimizer.get_slot(table, name)`` gives for a packed table in ``scope()``. One view per slot
+    and table."""
+    views = slot.__dict__.setdefault("_collective_table_views", {})
+    if id(table_) not in views:
+        view = RowsView(slot, table_, _slot_name(slot, table_.group, table_),
+                        RowsView(table_.group.variable, table_, table_.name))
+        views[id(table_)] = view
+    return views[id(table_)]
+
+
 def expand_for_saving(var_list: Sequence) -> List:
     """``var_list`` with each group variable, and each of its slots, replaced by its tables' :class:`RowsView`
     under the names the unpacked tables (and their slots) have."""
@@ -267,11 +288,7 @@ def expand_for_saving(var_list: Sequence) -> List:
         if group is not None:
             out.extend(view_of(t) for t in group.tables)
         elif slot is not None:
-            name, group_name = var.op.name, slot.variable.op.name
-            if group_name not in name:
-                raise ValueError(f"variable {name!r} of packing group {group_name!r} does not hold the group's name, "
-                                 "so it cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
-            out.extend(RowsView(var, t, name.replace(group_name, t.name, 1), view_of(t)) for t in slot.tables)
+            out.extend(RowsView(var, t, _slot_name(var, slot, t), view_of(t)) for t in slot.tables)
         else:
             out.append(var)
     return out

@@ -31,7 +31,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from collective.embedding import gradient_norms
-from collective.integration import column_lookups, estimator, lookups, session, sync, training, warm_start
+from collective.integration import column_lookups, estimator, lookups, packed, session, sync, training, warm_start
 from collective.tf_internals import (array_ops, batch_normalization, checkpoint_utils, clip_ops, dense_features,
                                      embedding_ops, estimator_lib, feature_column_v1, keras_compute_gradients,
                                      keras_optimizers, monitored_session, optimizer_lib, patches, saver_lib,
@@ -110,6 +110,10 @@ INSTALLED = [
     *[patches.register(keras_class, method, training.averaging_method(keras_class, method, training.averaged_compute),
                        "Keras optimizers' compute_gradients (and so minimize) averaged over workers")
       for keras_class, method in keras_compute_gradients],
+    # Packed tables (COLLECTIVE_PACKING=1) where a program uses them as variables.
+    *[patches.register(owner, "get_slot", training.averaging_method(owner, "get_slot", packed.get_slot),
+                       "a packed table's slot is its rows of its group variable's slot")
+      for owner in (optimizer_lib.Optimizer, *[k for k in keras_optimizers if "get_slot" in vars(k)])],
     patches.register(clip_ops, "global_norm", gradient_norms.global_norm,
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),
