@@ -285,3 +285,16 @@ def test_get_slot_of_a_packed_table_gives_its_rows_of_the_group_slot():
         np.testing.assert_allclose(seen["fetched"][name], start - 0.5 * counts[name] / np.sqrt(accumulator),
                                    rtol=1e-6, err_msg=name)
 
+
+def test_a_packed_table_is_found_by_name_in_global_variables():
+    seen = _packed_program(lambda: tf.compat.v1.train.AdagradOptimizer(0.5), column=True)
+    a, b = seen["a"], seen["b"]
+    assert seen["before_lookup"] == [b]  # not sealed yet: no group variable exists
+    by_name = {v.op.name: v for v in seen["listed"]}
+    [column] = [v for v in seen["listed"] if v.op.name.endswith("embedding_weights")]  # as a recipe finds it
+    assert by_name["a"] is a and by_name["b"] is b and column.group is a.group, sorted(by_name)
+    assert "a/packed" not in by_name and seen["in_scope_b"] == [b], sorted(by_name)
+    assert {id(a), id(b), id(column)} <= {id(v) for _, v in seen["pairs"]}  # the objects the gradients are paired to
+    assert {"a", "b", column.name, "a/Adagrad", "b/Adagrad", f"{column.name}/Adagrad"} <= set(seen["saved"]), \
+        seen["saved"]
+    assert not any("packed" in name for name in seen["saved"]), seen["saved"]

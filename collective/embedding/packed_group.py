@@ -111,6 +111,23 @@ class PackedTable:
     def read_value(self) -> tf.Tensor:
         return self.value()
 
+    @property
+    def op(self) -> NamedOp:
+        """The table's name as its unpacked variable's op has it (not an operation of the graph)."""
+        return NamedOp(self.name)
+
+    @property
+    def trainable(self) -> bool:
+        return True
+
+    @property
+    def initializer(self) -> tf.Operation:
+        """The group variable's initializer (sealing the group if needed): it initialises the table's rows."""
+        return self.group.variable.initializer
+
+    def is_initialized(self, name: Optional[str] = None) -> tf.Tensor:
+        return self.group.variable.is_initialized(name=name)
+
     def _as_graph_element(self) -> tf.Tensor:
         """What ``sess.run(table)`` fetches: the table's rows, one read made on first use outside any control
         dependency or control flow (as a variable's graph element is), in a finalized graph too."""

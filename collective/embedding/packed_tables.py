@@ -28,6 +28,7 @@ constraint, tables made by Keras (``add_weight``) or eagerly / in a
 from __future__ import annotations
 
 import dataclasses
+import re
 import weakref
 from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
@@ -271,22 +272,52 @@ def slot_view(slot: tf.Variable, table_: PackedTable) -> RowsView:
     return views[id(table_)]
 
 
+def listing(variables: Sequence, scope: Optional[str] = None) -> List:
+    """``variables`` (a graph's global variables) with each group variable replaced by its tables, and the packed
+    tables of the current graph not sealed yet added (those that match ``scope``, a ``re.match`` pattern, when it
+    is given): how ``tf.compat.v1.global_variables()`` lists them in ``scope()``, so that a program finds its
+    table by name. Slots of a group variable stay listed as they are."""
+    out: List = []
+    listed = set()
+    for var in variables:
+        group = group_of(var)
+        for item in (group.tables if group is not None else [var]):
+            if id(item) not in listed:
+                listed.add(id(item))
+                out.append(item)
+    if not tf.executing_eagerly():
+        out += [t for t in _made.get(tf.compat.v1.get_default_graph(), {}).values() if id(t) not in listed]
+    if scope is None:
+        return out
+    pattern = re.compile(scope)
+    return [v for v in out if hasattr(v, "name") and pattern.match(v.name)]
+
+
 def expand_for_saving(var_list: Sequence) -> List:
     """``var_list`` with each group variable, and each of its slots, replaced by its tables' :class:`RowsView`
     under the names the unpacked tables (and their slots) have."""
     out: List = []
     views: Dict[int, RowsView] = {}
+    saved = set()
 
     def view_of(t: PackedTable) -> RowsView:
         if id(t) not in views:
             views[id(t)] = RowsView(t.group.variable, t, t.name)
         return views[id(t)]
 
+    def add(item) -> None:
+        if id(item) not in saved:  # a table listed by global_variables() and its group variable: saved once
+            saved.add(id(item))
+            out.append(item)
+
     for var in var_list:
         group = group_of(var)
         slot = slot_group(var)
         if group is not None:
-            out.extend(view_of(t) for t in group.tables)
+            for t in group.tables:
+                add(view_of(t))
+        elif isinstance(var, PackedTable):
+            add(view_of(var))
         elif slot is not None:
             out.extend(RowsView(var, t, _slot_name(var, slot, t), view_of(t)) for t in slot.tables)
         else:

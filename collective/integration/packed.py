@@ -6,15 +6,24 @@ rows of its group's variable, not a variable. Inside ``scope()``:
 - ``optimizer.get_slot(table, name)`` (``tf.compat.v1.train``, ``hb.train``
   and legacy Keras optimizers) gives the table's rows of its group's slot
   (:func:`collective.embedding.packed_tables.slot_view`), named as the
-  unpacked table's slot, fetchable and saveable as it is.
+  unpacked table's slot, fetchable and saveable as it is;
+- ``tf.compat.v1.global_variables()`` lists each packed table where its
+  group's variable stands (and the tables not looked up yet), so a program
+  that finds its table by name (``v.op.name``) finds it; the listing can be
+  given to ``variables_initializer``, ``report_uninitialized_variables`` and
+  a ``Saver`` (each table saved once, under its own name). The group's slots
+  stay listed; ``trainable_variables()`` and the ``GLOBAL_VARIABLES``
+  collection still hold the group variable, which is what TensorFlow's own
+  code (default initializers and Savers, moving averages) takes.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, List, Optional
 
 from collective.embedding import packed_tables
 from collective.embedding.packed_group import PackedTable
+from collective.tf_internals import variables
 
 
 def get_slot(optimizer, get: Callable, var, *args, **kwargs):  # pylint: disable=unused-argument
@@ -24,3 +33,7 @@ def get_slot(optimizer, get: Callable, var, *args, **kwargs):  # pylint: disable
     slot = get(var.group.variable, *args, **kwargs)
     return None if slot is None else packed_tables.slot_view(slot, var)
 
+
+def global_variables(scope: Optional[str] = None) -> List:
+    """``tf.compat.v1.global_variables(scope)`` listing each packed table in place of its group's variable."""
+    return packed_tables.listing(variables.global_variables(), scope)

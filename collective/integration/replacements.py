@@ -114,6 +114,9 @@ INSTALLED = [
     *[patches.register(owner, "get_slot", training.averaging_method(owner, "get_slot", packed.get_slot),
                        "a packed table's slot is its rows of its group variable's slot")
       for owner in (optimizer_lib.Optimizer, *[k for k in keras_optimizers if "get_slot" in vars(k)])],
+    patches.register(tf.compat.v1, "global_variables", packed.global_variables,
+                     "packed tables are listed in place of their group's variable (a program finds its table by "
+                     "name)"),
     patches.register(clip_ops, "global_norm", gradient_norms.global_norm,
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),
