@@ -272,6 +272,15 @@ def slot_view(slot: tf.Variable, table_: PackedTable) -> RowsView:
     return views[id(table_)]
 
 
+def get_slot(get: Callable, var, *args, **kwargs):
+    """``get(var, name)`` (an optimizer's ``get_slot``); of a packed table, its rows of its group's slot
+    (:func:`slot_view`), None while the group has no such slot."""
+    if not isinstance(var, PackedTable):
+        return get(var, *args, **kwargs)
+    slot = get(var.group.variable, *args, **kwargs)
+    return None if slot is None else slot_view(slot, var)
+
+
 def listing(variables: Sequence, scope: Optional[str] = None) -> List:
     """``variables`` (a graph's global variables) with each group variable replaced by its tables, and the packed
     tables of the current graph not sealed yet added (those that match ``scope``, a ``re.match`` pattern, when it

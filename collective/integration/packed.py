@@ -22,16 +22,12 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 from collective.embedding import packed_tables
-from collective.embedding.packed_group import PackedTable
 from collective.tf_internals import variables
 
 
 def get_slot(optimizer, get: Callable, var, *args, **kwargs):  # pylint: disable=unused-argument
     """``get(var, name)`` (an optimizer's ``get_slot``); of a packed table, its rows of its group's slot."""
-    if not isinstance(var, PackedTable):
-        return get(var, *args, **kwargs)
-    slot = get(var.group.variable, *args, **kwargs)
-    return None if slot is None else packed_tables.slot_view(slot, var)
+    return packed_tables.get_slot(get, var, *args, **kwargs)
 
 
 def global_variables(scope: Optional[str] = None) -> List:

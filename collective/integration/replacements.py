@@ -16,8 +16,10 @@ follow that object (not every object of its class):
 - ``collective.embedding.table.tag``: a table's variable carries its
   ``ShardInfo`` (``_collective_shard``), which is how it is known by identity;
 - ``collective.embedding.tables.watch_slots``: an optimizer object's
-  slot-creating methods tag each slot made for a table (the optimizer may be
-  built outside any scope, so its class cannot be patched for the scope);
+  slot-creating methods tag each slot made for a table, and its ``get_slot``
+  of a packed table gives the table's rows of its group's slot (the
+  optimizer may be built, and its slots read, outside any scope, so its class
+  cannot be patched for the scope);
 - ``collective.embedding.hash_table``: a hash table's per-worker index
   variables are not trainable whatever the variable scope says (``_trainable``);
 - ``collective.checkpoint.saver``: the Saver's restore ops (``_AddRestoreOps``)
