@@ -243,7 +243,7 @@ def _packed_program(optimizer_of, column: bool = False, slots: bool = False) -> 
             b = tf.compat.v1.get_variable("b", [B_ROWS, 2], initializer=tf.compat.v1.constant_initializer(2.0))
             seen["before_lookup"] = [v for v in tf.compat.v1.global_variables() if v.op.name == "b"]
             loss = 0.0
-            if column:  # made and looked up first: its lookup seals the group of the three tables, "a/packed"
+            if column:  # made and looked up first: its lookup seals the group of the three tables, "collective_packed/a"
                 item = tf.compat.v1.feature_column.categorical_column_with_identity("item", 3)
                 loss = tf.reduce_sum(tf.compat.v1.feature_column.input_layer(
                     {"item": tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])},
@@ -293,7 +293,7 @@ def test_a_packed_table_is_found_by_name_in_global_variables():
     by_name = {v.op.name: v for v in seen["listed"]}
     [column] = [v for v in seen["listed"] if v.op.name.endswith("embedding_weights")]  # as a recipe finds it
     assert by_name["a"] is a and by_name["b"] is b and column.group is a.group, sorted(by_name)
-    assert "a/packed" not in by_name and seen["in_scope_b"] == [b], sorted(by_name)
+    assert "collective_packed/a" not in by_name and seen["in_scope_b"] == [b], sorted(by_name)
     assert {id(a), id(b), id(column)} <= {id(v) for _, v in seen["pairs"]}  # the objects the gradients are paired to
     assert {"a", "b", column.name, "a/Adagrad", "b/Adagrad", f"{column.name}/Adagrad"} <= set(seen["saved"]), \
         seen["saved"]

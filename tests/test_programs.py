@@ -276,6 +276,8 @@ REGRESSIONS = {
     "packed-adam-slots-read-outside-scope-2-workers": _program(packing=True, kind="adam"),
     "packed-keras-legacy-adagrad-slots-read-outside-scope-3-workers": _program(
         workers=3, packing=True, family="keras_legacy", call="tf_gradients", kind="adagrad"),
+    # The group variable, named "<table>/packed", was taken for a variable of the dense layer named after the table.
+    "packed-dense-layer-named-after-table-1-worker": _program(workers=1, packing=True, dense_name="item"),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")] + _column_wise_beside(backend, n))

@@ -163,7 +163,8 @@ class _RowsSaveable(SaveableObject):
 
 
 class PackedGroup:
-    """One resource variable ``<first table>/packed`` holding the tables' rows in the order given."""
+    """One resource variable ``name`` (by default ``<first table>/packed``; the strategy's are
+    ``collective_packed/<first table>``) holding the tables' rows in the order given."""
 
     def __init__(self, tables: Sequence[Tuple[str, np.ndarray]] = (), dtype: tf.DType = tf.float32,
                  members: Sequence[PackedTable] = (), name: Optional[str] = None):

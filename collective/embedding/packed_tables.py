@@ -6,11 +6,11 @@ With packing on (``COLLECTIVE_PACKING=1``), a row-wise table that
 not a variable: it is tagged with its own ``ShardInfo``, so lookups,
 gradient norms and the plan see the table. The tables of one packing group
 (same dim, dtype, world size; made in one graph) share one group variable,
-``<first table>/packed``, made when one of them is first looked up (the
-*seal*: every table of the group made so far joins; a table made after the
-seal opens the group's next variable). Lookups gather the group variable at
-``offset + local row`` (:func:`owned_rows`, one gather per group in
-:func:`rows_of_keys`).
+``collective_packed/<first table>`` (:func:`group_name`), made when one of
+them is first looked up (the *seal*: every table of the group made so far
+joins; a table made after the seal opens the group's next variable).
+Lookups gather the group variable at ``offset + local row``
+(:func:`owned_rows`, one gather per group in :func:`rows_of_keys`).
 
 The optimizer wrapper (:mod:`collective.integration.training`) splits the
 group variable's gradient into the tables' (:func:`split_pairs`, so
@@ -41,6 +41,7 @@ from collective.sharding import planner, shards
 from collective.tf_internals import extending, func_graph
 
 _GroupKey = Tuple[str, int, int]
+PACKED_SCOPE = "collective_packed"
 # Per graph: the tables made by name (get_variable returns the same object when asked again), the tables waiting
 # for their group by group key, and how many variables each group key has made.
 _made: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, PackedTable]]" = weakref.WeakKeyDictionary()
@@ -104,9 +105,16 @@ def _seal(packed: PackedTable) -> None:
     info = shard_of(members[0])
     with tf.init_scope(), graph.name_scope(None), packed.making(info):  # type: ignore[attr-defined]
         group = PackedGroup(members=members, dtype=packed.dtype,
-                            name=f"{members[0].name}/packed" + (f"_{count}" if count else ""))
+                            name=group_name(members[0].name, count))
     tf.compat.v1.add_to_collection(SHARDED_COLLECTION, group.variable)
     shards.pack([t.name for t in members], group.name)
+
+
+def group_name(first: str, count: int = 0) -> str:
+    """The name of the ``count``-th group variable whose first table is ``first``: in collective's own name scope
+    (``collective_packed/<first>``), never in a scope of the program's (a layer named after a table, its variables
+    found by that prefix, does not take the group variable for its own)."""
+    return f"{PACKED_SCOPE}/{first}" + (f"_{count}" if count else "")
 
 
 def group_of(var) -> Optional[PackedGroup]:
