@@ -278,6 +278,9 @@ REGRESSIONS = {
         workers=3, packing=True, family="keras_legacy", call="tf_gradients", kind="adagrad"),
     # The group variable, named "<table>/packed", was taken for a variable of the dense layer named after the table.
     "packed-dense-layer-named-after-table-1-worker": _program(workers=1, packing=True, dense_name="item"),
+    # hb's MonitoredTrainingSession broadcast the group's slots (each worker's own rows) as dense variables.
+    "packed-hb-adagrad-built-outside-hb-scope-tf1-2-workers": _program(
+        packing=True, family="hb", kind="adagrad", where="outside", tf1=True),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")] + _column_wise_beside(backend, n))

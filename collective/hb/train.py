@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from collective import comm, context
 from collective.integration import packed, training
-from collective.embedding import hash_table, tables
+from collective.embedding import hash_table, packed_tables, tables
 from collective.embedding.table import shard_of
 from collective.tf_internals import optimizer_lib, patches
 
@@ -143,10 +143,11 @@ def device_setter() -> str:
 
 
 def _same_on_every_worker(var) -> bool:
-    """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index."""
+    """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index, nor a packing
+    group's variable or slots (this worker's rows of its tables)."""
     info = shard_of(var)
     return ((info is None or info.replicated) and tables.slot_owner(var) is None
-            and not hash_table.is_index_state(var))
+            and not hash_table.is_index_state(var) and not packed_tables.is_packed(var))
 
 
 class _BroadcastDenseVariablesHook(tf.compat.v1.train.SessionRunHook):
