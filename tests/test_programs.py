@@ -281,6 +281,9 @@ REGRESSIONS = {
     # hb's MonitoredTrainingSession broadcast the group's slots (each worker's own rows) as dense variables.
     "packed-hb-adagrad-built-outside-hb-scope-tf1-2-workers": _program(
         packing=True, family="hb", kind="adagrad", where="outside", tf1=True),
+    # A delta's restore wrote its rows into a packed table's view of the group variable, which had no scatter_update.
+    "packed-table-of-1-row-delta-resumed-2-to-1-workers": _program(packing=True, resume=1, engine="session",
+                                                                    tables=[_table(vocab=1)]),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")] + _column_wise_beside(backend, n))

@@ -247,6 +247,13 @@ class RowsView:
         return self._var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(value, self._var.dtype.base_dtype),
                                                          rows)).op
 
+    def scatter_update(self, sparse_delta: tf.IndexedSlices) -> tf.Operation:
+        """Writes ``sparse_delta``'s rows (local rows of the table) into the group's rows: how a delta's restore
+        writes the rows it holds (``collective.checkpoint.logical.assign_owned``)."""
+        indices = sparse_delta.indices + tf.constant(self._table.offset, dtype=sparse_delta.indices.dtype)
+        values = tf.convert_to_tensor(sparse_delta.values, self._var.dtype.base_dtype)
+        return self._var.scatter_update(tf.IndexedSlices(values, indices)).op
+
 
 def _read_rows_view(view: RowsView, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
     value = view.read_value()
