@@ -221,3 +221,80 @@ def test_packed_group_refuses_tables_of_different_dims_and_partial_gradients():
         grad = tf.IndexedSlices(tf.zeros([1, 2]), tf.constant([0], tf.int64), tf.constant([3, 2], tf.int64))
         with pytest.raises(ValueError, match=r"'a/packed' applies one IndexedSlices per table of \['a', 'b'\]"):
             group.merge_gradients([grad])
+
+
+# A program that uses its packed tables as variables (collective.integration.packed, in scope()): two tables of one
+# dim made by get_variable in embedding_scope(), each summed over its ids, so each row's gradient is its id count.
+A_ROWS, B_ROWS, A_IDS, B_IDS = 5, 4, [4], [0, 2, 2]
+
+
+def _packed_program(optimizer_of, column: bool = False, slots: bool = False) -> dict:
+    """Builds the program with packing on (``column``: an embedding column's table too, then saved by a Saver of
+    ``global_variables()``) and trains one step; what it saw while building (``slots``: ``get_slot`` of each
+    table), and fetched after."""
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import packing  # pylint: disable=import-outside-toplevel
+    from collective.embedding.packed_group import PackedTable  # pylint: disable=import-outside-toplevel
+    strategy = CollectiveStrategy("hb")
+    seen = {}
+    with tf.Graph().as_default(), strategy.scope(), packing.using(True):
+        with strategy.embedding_scope():
+            a = tf.compat.v1.get_variable("a", [A_ROWS, 2], initializer=tf.compat.v1.constant_initializer(1.0))
+            b = tf.compat.v1.get_variable("b", [B_ROWS, 2], initializer=tf.compat.v1.constant_initializer(2.0))
+            seen["before_lookup"] = [v for v in tf.compat.v1.global_variables() if v.op.name == "b"]
+            loss = 0.0
+            if column:  # made and looked up first: its lookup seals the group of the three tables, "collective_packed/a"
+                item = tf.compat.v1.feature_column.categorical_column_with_identity("item", 3)
+                loss = tf.reduce_sum(tf.compat.v1.feature_column.input_layer(
+                    {"item": tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])},
+                    [tf.compat.v1.feature_column.embedding_column(item, 2)]))
+            loss += (tf.reduce_sum(tf.nn.embedding_lookup(a, A_IDS))
+                     + tf.reduce_sum(tf.nn.embedding_lookup(b, B_IDS)))
+        assert isinstance(a, PackedTable) and isinstance(b, PackedTable) and a.group is b.group
+        optimizer = optimizer_of()
+        pairs = optimizer.compute_gradients(loss)
+        train = optimizer.apply_gradients(pairs)
+        seen.update(a=a, b=b, pairs=pairs, optimizer=optimizer, listed=tf.compat.v1.global_variables(),
+                    in_scope_b=tf.compat.v1.global_variables("b"))
+        if slots:
+            slots = {name: optimizer.get_slot(t, "accumulator") for name, t in (("a", a), ("b", b))}
+            seen["again"] = optimizer.get_slot(b, "accumulator")
+        else:
+            slots = {}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            seen["fetched"] = sess.run({"a": a, "b": b, **{f"slot/{k}": v for k, v in slots.items()}})
+            seen["slots"] = slots
+            if column:
+                with tempfile.TemporaryDirectory() as directory:
+                    path = tf.compat.v1.train.Saver(seen["listed"]).save(sess, os.path.join(directory, "ckpt"))
+                    seen["saved"] = sorted(name for name, _ in tf.train.list_variables(path))
+    return seen
+
+
+def test_get_slot_of_a_packed_table_gives_its_rows_of_the_group_slot():
+    seen = _packed_program(lambda: tf.compat.v1.train.AdagradOptimizer(0.5), slots=True)
+    slot = seen["slots"]["b"]
+    assert slot is seen["again"] and slot.name == "b/Adagrad" and slot.shape == (B_ROWS, 2), slot.name
+    counts = {name: np.bincount(ids, minlength=rows)[:, None] * np.ones(2)
+              for name, ids, rows in (("a", A_IDS, A_ROWS), ("b", B_IDS, B_ROWS))}
+    for name, start in (("a", 1.0), ("b", 2.0)):  # b lies after a in the group: a slot read at offset 0 fails it
+        accumulator = 0.1 + counts[name] ** 2
+        np.testing.assert_allclose(seen["fetched"][f"slot/{name}"], accumulator, rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(seen["fetched"][name], start - 0.5 * counts[name] / np.sqrt(accumulator),
+                                   rtol=1e-6, err_msg=name)
+
+
+def test_a_packed_table_is_found_by_name_in_global_variables():
+    seen = _packed_program(lambda: tf.compat.v1.train.AdagradOptimizer(0.5), column=True)
+    a, b = seen["a"], seen["b"]
+    assert seen["before_lookup"] == [b]  # not sealed yet: no group variable exists
+    by_name = {v.op.name: v for v in seen["listed"]}
+    [column] = [v for v in seen["listed"] if v.op.name.endswith("embedding_weights")]  # as a recipe finds it
+    assert by_name["a"] is a and by_name["b"] is b and column.group is a.group, sorted(by_name)
+    assert "collective_packed/a" not in by_name and seen["in_scope_b"] == [b], sorted(by_name)
+    assert {id(a), id(b), id(column)} <= {id(v) for _, v in seen["pairs"]}  # the objects the gradients are paired to
+    assert {"a", "b", column.name, "a/Adagrad", "b/Adagrad", f"{column.name}/Adagrad"} <= set(seen["saved"]), \
+        seen["saved"]
+    assert not any("packed" in name for name in seen["saved"]), seen["saved"]

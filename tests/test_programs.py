@@ -50,7 +50,8 @@ Launches: one per N runs every program's first life (and the plain process of
 those that end there); one per M runs the second lives of the programs resumed
 on M (and their plain process): at most 6 launches. Each example costs a share
 of a launch, so the programs are drawn up front (no shrinking): a failure
-prints the whole program. CI runs the defects' programs (``REGRESSIONS``),
+prints the whole program. CI runs the defects' programs (``REGRESSIONS``; issue 44's with ``packing``: packed
+tables whatever ``COLLECTIVE_PACKING`` says),
 three whole lives (``LIVES_ALWAYS``: each engine, each TF behaviour, every model
 kind) and ``COLLECTIVE_PROGRAMS`` (default 10) programs drawn with seed
 ``COLLECTIVE_PROGRAMS_SEED`` (default 2028), of which the first
@@ -270,6 +271,19 @@ REGRESSIONS = {
     # written whole into a delta; resumed on 1 worker, where it is a sharded table, the chain's restore read it as
     # keyed rows, found no keys and left it as the full checkpoint had it (a step stale).
     "table-of-1-row-delta-resumed-2-to-1-workers": _program(resume=1, engine="session", tables=[_table(vocab=1)]),
+    # Issue 44's, packing on (``packing``: found with COLLECTIVE_PACKING=1, docs/packing.md). get_slot of a packed
+    # table outside scope(), where the harness reads the slots, failed in TensorFlow's and legacy Keras' get_slot.
+    "packed-adam-slots-read-outside-scope-2-workers": _program(packing=True, kind="adam"),
+    "packed-keras-legacy-adagrad-slots-read-outside-scope-3-workers": _program(
+        workers=3, packing=True, family="keras_legacy", call="tf_gradients", kind="adagrad"),
+    # The group variable, named "<table>/packed", was taken for a variable of the dense layer named after the table.
+    "packed-dense-layer-named-after-table-1-worker": _program(workers=1, packing=True, dense_name="item"),
+    # hb's MonitoredTrainingSession broadcast the group's slots (each worker's own rows) as dense variables.
+    "packed-hb-adagrad-built-outside-hb-scope-tf1-2-workers": _program(
+        packing=True, family="hb", kind="adagrad", where="outside", tf1=True),
+    # A delta's restore wrote its rows into a packed table's view of the group variable, which had no scatter_update.
+    "packed-table-of-1-row-delta-resumed-2-to-1-workers": _program(packing=True, resume=1, engine="session",
+                                                                    tables=[_table(vocab=1)]),
     **{f"clip-by-global-norm-{backend}-{n}-workers": _program(
         workers=n, backend=backend, call="compute_apply", transform="clip_global", kind="adagrad",
         tables=[_table(), _table("user", 13, "sparse_sum")] + _column_wise_beside(backend, n))

@@ -17,16 +17,25 @@ TensorFlow behaviours.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from collective.tf_internals import saveable_object_util
+from collective.tf_internals import extending, saveable_object_util
 
 SaveableObject = saveable_object_util.saveable_object.SaveableObject
 SaveSpec = saveable_object_util.saveable_object.SaveSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedOp:
+    """What a packed table, or a view of its rows, gives as its ``op``: only the name its unpacked variable's op
+    has (not an operation of the graph)."""
+
+    name: str
 
 
 class PackedTable:
@@ -45,6 +54,7 @@ class PackedTable:
         self.initial, self._seal = initial, seal
         self.offset: Optional[int] = None
         self._group: Optional["PackedGroup"] = None
+        self._fetched: Optional[tf.Tensor] = None
         if info is not None:
             self._collective_shard = info
         # TensorFlow's safe_embedding_lookup_sparse passes a resource variable on to embedding_lookup_sparse (which
@@ -101,6 +111,32 @@ class PackedTable:
     def read_value(self) -> tf.Tensor:
         return self.value()
 
+    @property
+    def op(self) -> NamedOp:
+        """The table's name as its unpacked variable's op has it (not an operation of the graph)."""
+        return NamedOp(self.name)
+
+    @property
+    def trainable(self) -> bool:
+        return True
+
+    @property
+    def initializer(self) -> tf.Operation:
+        """The group variable's initializer (sealing the group if needed): it initialises the table's rows."""
+        return self.group.variable.initializer
+
+    def is_initialized(self, name: Optional[str] = None) -> tf.Tensor:
+        return self.group.variable.is_initialized(name=name)
+
+    def _as_graph_element(self) -> tf.Tensor:
+        """What ``sess.run(table)`` fetches: the table's rows, one read made on first use outside any control
+        dependency or control flow (as a variable's graph element is), in a finalized graph too."""
+        if self._fetched is None:
+            graph = self.group.variable.graph
+            with extending(graph), graph.control_dependencies(None), graph.name_scope(None):
+                self._fetched = self.value()
+        return self._fetched
+
 
 def _read_packed_table(table: PackedTable, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
     value = table.value()
@@ -127,7 +163,8 @@ class _RowsSaveable(SaveableObject):
 
 
 class PackedGroup:
-    """One resource variable ``<first table>/packed`` holding the tables' rows in the order given."""
+    """One resource variable ``name`` (by default ``<first table>/packed``; the strategy's are
+    ``collective_packed/<first table>``) holding the tables' rows in the order given."""
 
     def __init__(self, tables: Sequence[Tuple[str, np.ndarray]] = (), dtype: tf.DType = tf.float32,
                  members: Sequence[PackedTable] = (), name: Optional[str] = None):

@@ -6,11 +6,11 @@ With packing on (``COLLECTIVE_PACKING=1``), a row-wise table that
 not a variable: it is tagged with its own ``ShardInfo``, so lookups,
 gradient norms and the plan see the table. The tables of one packing group
 (same dim, dtype, world size; made in one graph) share one group variable,
-``<first table>/packed``, made when one of them is first looked up (the
-*seal*: every table of the group made so far joins; a table made after the
-seal opens the group's next variable). Lookups gather the group variable at
-``offset + local row`` (:func:`owned_rows`, one gather per group in
-:func:`rows_of_keys`).
+``collective_packed/<first table>`` (:func:`group_name`), made when one of
+them is first looked up (the *seal*: every table of the group made so far
+joins; a table made after the seal opens the group's next variable).
+Lookups gather the group variable at ``offset + local row``
+(:func:`owned_rows`, one gather per group in :func:`rows_of_keys`).
 
 The optimizer wrapper (:mod:`collective.integration.training`) splits the
 group variable's gradient into the tables' (:func:`split_pairs`, so
@@ -28,18 +28,20 @@ constraint, tables made by Keras (``add_weight``) or eagerly / in a
 from __future__ import annotations
 
 import dataclasses
+import re
 import weakref
 from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from collective.embedding import lookup, modes, packing
-from collective.embedding.packed_group import PackedGroup, PackedTable
+from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
 from collective.sharding import planner, shards
-from collective.tf_internals import func_graph
+from collective.tf_internals import extending, func_graph
 
 _GroupKey = Tuple[str, int, int]
+PACKED_SCOPE = "collective_packed"
 # Per graph: the tables made by name (get_variable returns the same object when asked again), the tables waiting
 # for their group by group key, and how many variables each group key has made.
 _made: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, PackedTable]]" = weakref.WeakKeyDictionary()
@@ -103,9 +105,16 @@ def _seal(packed: PackedTable) -> None:
     info = shard_of(members[0])
     with tf.init_scope(), graph.name_scope(None), packed.making(info):  # type: ignore[attr-defined]
         group = PackedGroup(members=members, dtype=packed.dtype,
-                            name=f"{members[0].name}/packed" + (f"_{count}" if count else ""))
+                            name=group_name(members[0].name, count))
     tf.compat.v1.add_to_collection(SHARDED_COLLECTION, group.variable)
     shards.pack([t.name for t in members], group.name)
+
+
+def group_name(first: str, count: int = 0) -> str:
+    """The name of the ``count``-th group variable whose first table is ``first``: in collective's own name scope
+    (``collective_packed/<first>``), never in a scope of the program's (a layer named after a table, its variables
+    found by that prefix, does not take the group variable for its own)."""
+    return f"{PACKED_SCOPE}/{first}" + (f"_{count}" if count else "")
 
 
 def group_of(var) -> Optional[PackedGroup]:
@@ -216,10 +225,19 @@ class RowsView:
             self._collective_slot_of = slot_of
         self.dtype = var.dtype
         self.shape = tf.TensorShape([table_.rows, width])
-        self.op = _Named(name)
+        self.op = NamedOp(name)
+        self._fetched: Optional[tf.Tensor] = None
 
     def read_value(self) -> tf.Tensor:
         return tf.slice(self._var.value(), [self._table.offset, 0], [self._table.rows, -1])
+
+    def _as_graph_element(self) -> tf.Tensor:
+        """What ``sess.run(view)`` fetches: the rows, one read made on first use outside any control dependency or
+        control flow, in a finalized graph too."""
+        if self._fetched is None:
+            with extending(self.graph), self.graph.control_dependencies(None), self.graph.name_scope(None):
+                self._fetched = self.read_value()
+        return self._fetched
 
     def value(self) -> tf.Tensor:
         return self.read_value()
@@ -229,10 +247,74 @@ class RowsView:
         return self._var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(value, self._var.dtype.base_dtype),
                                                          rows)).op
 
+    def scatter_update(self, sparse_delta: tf.IndexedSlices) -> tf.Operation:
+        """Writes ``sparse_delta``'s rows (local rows of the table) into the group's rows: how a delta's restore
+        writes the rows it holds (``collective.checkpoint.logical.assign_owned``)."""
+        indices = sparse_delta.indices + tf.constant(self._table.offset, dtype=sparse_delta.indices.dtype)
+        values = tf.convert_to_tensor(sparse_delta.values, self._var.dtype.base_dtype)
+        return self._var.scatter_update(tf.IndexedSlices(values, indices)).op
 
-@dataclasses.dataclass(frozen=True)
-class _Named:
-    name: str
+
+def _read_rows_view(view: RowsView, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument
+    value = view.read_value()
+    if dtype is not None and not dtype.is_compatible_with(value.dtype):
+        raise ValueError(f"{view.name!r} of dtype {value.dtype.name} read as {dtype.name}")
+    return value
+
+
+# A view reads as its rows (tf.convert_to_tensor(optimizer.get_slot(table, name))), as a slot variable does.
+tf.register_tensor_conversion_function(RowsView, _read_rows_view)
+
+
+def _slot_name(var, group: PackedGroup, t: PackedTable) -> str:
+    """The name the unpacked table ``t``'s slot (or derived variable) has, for ``var`` of ``group``'s variable."""
+    name, group_name = var.op.name, group.variable.op.name
+    if group_name not in name:
+        raise ValueError(f"variable {name!r} of packing group {group_name!r} does not hold the group's name, so it "
+                         "cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
+    return name.replace(group_name, t.name, 1)
+
+
+def slot_view(slot: tf.Variable, table_: PackedTable) -> RowsView:
+    """``table_``'s rows of ``slot`` (an optimizer slot of its group variable) under the name the unpacked table's
+    slot has: what ``optimizer.get_slot(table, name)`` gives for a packed table in ``scope()``. One view per slot
+    and table."""
+    views = slot.__dict__.setdefault("_collective_table_views", {})
+    if id(table_) not in views:
+        view = RowsView(slot, table_, _slot_name(slot, table_.group, table_),
+                        RowsView(table_.group.variable, table_, table_.name))
+        views[id(table_)] = view
+    return views[id(table_)]
+
+
+def get_slot(get: Callable, var, *args, **kwargs):
+    """``get(var, name)`` (an optimizer's ``get_slot``); of a packed table, its rows of its group's slot
+    (:func:`slot_view`), None while the group has no such slot."""
+    if not isinstance(var, PackedTable):
+        return get(var, *args, **kwargs)
+    slot = get(var.group.variable, *args, **kwargs)
+    return None if slot is None else slot_view(slot, var)
+
+
+def listing(variables: Sequence, scope: Optional[str] = None) -> List:
+    """``variables`` (a graph's global variables) with each group variable replaced by its tables, and the packed
+    tables of the current graph not sealed yet added (those that match ``scope``, a ``re.match`` pattern, when it
+    is given): how ``tf.compat.v1.global_variables()`` lists them in ``scope()``, so that a program finds its
+    table by name. Slots of a group variable stay listed as they are."""
+    out: List = []
+    listed = set()
+    for var in variables:
+        group = group_of(var)
+        for item in (group.tables if group is not None else [var]):
+            if id(item) not in listed:
+                listed.add(id(item))
+                out.append(item)
+    if not tf.executing_eagerly():
+        out += [t for t in _made.get(tf.compat.v1.get_default_graph(), {}).values() if id(t) not in listed]
+    if scope is None:
+        return out
+    pattern = re.compile(scope)
+    return [v for v in out if hasattr(v, "name") and pattern.match(v.name)]
 
 
 def expand_for_saving(var_list: Sequence) -> List:
@@ -240,23 +322,28 @@ def expand_for_saving(var_list: Sequence) -> List:
     under the names the unpacked tables (and their slots) have."""
     out: List = []
     views: Dict[int, RowsView] = {}
+    saved = set()
 
     def view_of(t: PackedTable) -> RowsView:
         if id(t) not in views:
             views[id(t)] = RowsView(t.group.variable, t, t.name)
         return views[id(t)]
 
+    def add(item) -> None:
+        if id(item) not in saved:  # a table listed by global_variables() and its group variable: saved once
+            saved.add(id(item))
+            out.append(item)
+
     for var in var_list:
         group = group_of(var)
         slot = slot_group(var)
         if group is not None:
-            out.extend(view_of(t) for t in group.tables)
+            for t in group.tables:
+                add(view_of(t))
+        elif isinstance(var, PackedTable):
+            add(view_of(var))
         elif slot is not None:
-            name, group_name = var.op.name, slot.variable.op.name
-            if group_name not in name:
-                raise ValueError(f"variable {name!r} of packing group {group_name!r} does not hold the group's name, "
-                                 "so it cannot be saved under its tables' names: set COLLECTIVE_PACKING=0")
-            out.extend(RowsView(var, t, name.replace(group_name, t.name, 1), view_of(t)) for t in slot.tables)
+            out.extend(RowsView(var, t, _slot_name(var, slot, t), view_of(t)) for t in slot.tables)
         else:
             out.append(var)
     return out

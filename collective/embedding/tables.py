@@ -209,6 +209,9 @@ def watch_slots(optimizer, listener: Optional[Callable[[tf.Variable, tf.Variable
 
     ``listener(slot, table)`` also runs for each such slot as it is created
     (``collective.sok.slots`` gives it SOK's checkpoint hooks there).
+    Its ``get_slot(table, name)`` of a packed table gives the table's rows of
+    its group's slot (:func:`collective.embedding.packed_tables.get_slot`)
+    inside ``scope()`` and outside it.
     Idempotent: the methods are wrapped once per optimizer object.
     """
     state = optimizer.__dict__
@@ -221,6 +224,9 @@ def watch_slots(optimizer, listener: Optional[Callable[[tf.Variable, tf.Variable
         method = getattr(optimizer, name, None)
         if callable(method):
             state[name] = _tagging_slots(listeners, method)
+    get = getattr(optimizer, "get_slot", None)
+    if callable(get):  # Keras' optimizers of TF 2.11+ have none
+        state["get_slot"] = functools.wraps(get)(functools.partial(packed_tables.get_slot, get))
     state["_collective_slots_watched"] = True
     return optimizer
 

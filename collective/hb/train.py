@@ -18,8 +18,8 @@ from typing import List, Optional
 import tensorflow as tf
 
 from collective import comm, context
-from collective.integration import training
-from collective.embedding import hash_table, tables
+from collective.integration import packed, training
+from collective.embedding import hash_table, packed_tables, tables
 from collective.embedding.table import shard_of
 from collective.tf_internals import optimizer_lib, patches
 
@@ -59,6 +59,7 @@ def wraps_optimizer(cls: type) -> type:
     if getattr(cls, "_collective_wrapped", False):
         return cls
     compute, apply = _inherited(cls, "compute_gradients"), _inherited(cls, "apply_gradients")
+    slot_of = _inherited(cls, "get_slot")
 
     def compute_gradients(self, *args, **kwargs):
         comm.init()
@@ -69,10 +70,14 @@ def wraps_optimizer(cls: type) -> type:
         return training.averaged_apply(self, functools.partial(apply, self), grads_and_vars,
                                        global_step=global_step, name=name)
 
+    def get_slot(self, var, *args, **kwargs):
+        return packed.get_slot(self, functools.partial(slot_of, self), var, *args, **kwargs)
+
     compute_gradients.__doc__ = f"{cls.__name__}.compute_gradients, averaged over workers."
+    get_slot.__doc__ = f"{cls.__name__}.get_slot; of a packed table, its rows of its group's slot."
     apply_gradients.__doc__ = (f"{cls.__name__}.apply_gradients; gradients not averaged yet are averaged over "
                                "workers first.")
-    namespace = {"compute_gradients": compute_gradients, "apply_gradients": apply_gradients,
+    namespace = {"compute_gradients": compute_gradients, "apply_gradients": apply_gradients, "get_slot": get_slot,
                  "_collective_wrapped": True,
                  "__doc__": f"Synchronous {cls.__name__} over all workers (see hb.train.wraps_optimizer).\n\n"
                             + (inspect.getdoc(cls) or ""),
@@ -138,10 +143,11 @@ def device_setter() -> str:
 
 
 def _same_on_every_worker(var) -> bool:
-    """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index."""
+    """Dense variables and whole-table copies; not shards, nor a hash table's per-worker key index, nor a packing
+    group's variable or slots (this worker's rows of its tables)."""
     info = shard_of(var)
     return ((info is None or info.replicated) and tables.slot_owner(var) is None
-            and not hash_table.is_index_state(var))
+            and not hash_table.is_index_state(var) and not packed_tables.is_packed(var))
 
 
 class _BroadcastDenseVariablesHook(tf.compat.v1.train.SessionRunHook):

@@ -16,8 +16,10 @@ follow that object (not every object of its class):
 - ``collective.embedding.table.tag``: a table's variable carries its
   ``ShardInfo`` (``_collective_shard``), which is how it is known by identity;
 - ``collective.embedding.tables.watch_slots``: an optimizer object's
-  slot-creating methods tag each slot made for a table (the optimizer may be
-  built outside any scope, so its class cannot be patched for the scope);
+  slot-creating methods tag each slot made for a table, and its ``get_slot``
+  of a packed table gives the table's rows of its group's slot (the
+  optimizer may be built, and its slots read, outside any scope, so its class
+  cannot be patched for the scope);
 - ``collective.embedding.hash_table``: a hash table's per-worker index
   variables are not trainable whatever the variable scope says (``_trainable``);
 - ``collective.checkpoint.saver``: the Saver's restore ops (``_AddRestoreOps``)
@@ -31,7 +33,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from collective.embedding import gradient_norms
-from collective.integration import column_lookups, estimator, lookups, session, sync, training, warm_start
+from collective.integration import column_lookups, estimator, lookups, packed, session, sync, training, warm_start
 from collective.tf_internals import (array_ops, batch_normalization, checkpoint_utils, clip_ops, dense_features,
                                      embedding_ops, estimator_lib, feature_column_v1, keras_compute_gradients,
                                      keras_optimizers, monitored_session, optimizer_lib, patches, saver_lib,
@@ -110,6 +112,13 @@ INSTALLED = [
     *[patches.register(keras_class, method, training.averaging_method(keras_class, method, training.averaged_compute),
                        "Keras optimizers' compute_gradients (and so minimize) averaged over workers")
       for keras_class, method in keras_compute_gradients],
+    # Packed tables (COLLECTIVE_PACKING=1) where a program uses them as variables.
+    *[patches.register(owner, "get_slot", training.averaging_method(owner, "get_slot", packed.get_slot),
+                       "a packed table's slot is its rows of its group variable's slot")
+      for owner in (optimizer_lib.Optimizer, *[k for k in keras_optimizers if "get_slot" in vars(k)])],
+    patches.register(tf.compat.v1, "global_variables", packed.global_variables,
+                     "packed tables are listed in place of their group's variable (a program finds its table by "
+                     "name)"),
     patches.register(clip_ops, "global_norm", gradient_norms.global_norm,
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),

@@ -170,7 +170,7 @@ def global_variables_initializer() -> tf.Operation:
     """
     if tf.executing_eagerly():
         return patches.original(variables, "global_variables_initializer")()
-    return tf.compat.v1.variables_initializer(tf.compat.v1.global_variables() + comm.graph_counters())
+    return tf.compat.v1.variables_initializer(variables.global_variables() + comm.graph_counters())
 
 
 def ensure_global_step_read(graph: Optional[tf.Graph] = None) -> Optional[tf.Tensor]:

@@ -44,7 +44,7 @@ class TablePlan:
       exchange: the exchange that serves its lookups (a name registered in
         ``collective.embedding.exchanges``), or ``"allreduce"``: an ordinary variable, averaged like a dense layer.
       ranks: the ranks holding its rows.
-      packing_group: the physical variable it shares with other tables (``<first table>/packed``, docs/packing.md);
+      packing_group: the physical variable it shares with other tables (``collective_packed/<first table>``, docs/packing.md);
         empty when it is its own variable.
       reason: why, in words.
     """

@@ -107,7 +107,7 @@ def main(stage, backend, prefix_in, prefix_out, t_placement, u_placement):
             saver.save(sess, prefix_out)
         assert [strategy.plan[name].placement for name in ("t", "u")] == [t_placement, u_placement]
         packs = os.environ.get("COLLECTIVE_PACKING") == "1" and backend == "hb" and t_placement == u_placement == "row_wise"
-        assert [strategy.plan[name].packing_group for name in ("t", "u")] == (["t/packed"] * 2 if packs else ["", ""])
+        assert [strategy.plan[name].packing_group for name in ("t", "u")] == (["collective_packed/t"] * 2 if packs else ["", ""])
     import host_probe  # pylint: disable=import-outside-toplevel  (a script's neighbour; tests import this module)
 
     host_probe.record_exchange()  # tests/test_hosts.py: the route of a TF1 job on several hosts

@@ -6,7 +6,9 @@ width, entry point, regularizer, made outside ``embedding_scope()``), the
 dense head's name (possibly a table's name), its regularizer, the optimizer
 family, class, where it is built and how it is called, a gradient transform,
 the loss reduction, TF1 behaviour, the backend, the engine, the number of
-workers N and the number M it resumes on (0: it lives its first life only).
+workers N and the number M it resumes on (0: it lives its first life only);
+``packing`` (optional): its workers' graphs pack tables (docs/packing.md)
+whatever ``COLLECTIVE_PACKING`` says.
 
 Entry points (``entry``): ``lookup`` (``tf.nn.embedding_lookup`` of dense
 ids [B, 2]), ``sparse_sum`` / ``sparse_mean`` (``tf.nn.embedding_lookup_sparse``),

@@ -406,6 +406,15 @@ def _guarded(results: Dict[str, np.ndarray], prefix: str, fn) -> bool:
         return False
 
 
+def _packing(program: dict):
+    """A program with ``packing`` builds its graphs with packed tables whatever ``COLLECTIVE_PACKING`` says."""
+    if not program.get("packing"):
+        return contextlib.nullcontext()
+    from collective.embedding import packing  # pylint: disable=import-outside-toplevel
+
+    return packing.using(True)
+
+
 def run_all(programs: List[dict], rank: int, work_dir: str, life: int) -> Dict[str, np.ndarray]:
     """Every program of this launch, keyed ``<index>/dist/...`` and (rank 0) ``<index>/plain/...``.
 
@@ -420,9 +429,11 @@ def run_all(programs: List[dict], rank: int, work_dir: str, life: int) -> Dict[s
         os.makedirs(model_dir, exist_ok=True)
         strategy = pc.strategy_for(program)
         if life == 1:
-            _guarded(results, f"{i}/dist", lambda: first_life(program, strategy, rank, model_dir))
+            with _packing(program):
+                _guarded(results, f"{i}/dist", lambda: first_life(program, strategy, rank, model_dir))
         elif os.path.exists(os.path.join(model_dir, "life1.json")):
-            _guarded(results, f"{i}/dist", lambda: second_life(program, strategy, rank, model_dir, export_dir))
+            with _packing(program):
+                _guarded(results, f"{i}/dist", lambda: second_life(program, strategy, rank, model_dir, export_dir))
         else:
             results[f"{i}/dist/error"] = np.array("its first life failed: nothing to resume")
         if rank == 0 and (life == 2 or not program.get("resume")):
