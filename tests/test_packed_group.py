@@ -207,7 +207,7 @@ def test_packed_tables_of_the_strategy_train_and_checkpoint_as_unpacked_with_one
 
 def test_packed_group_under_tf1_behaviour():
     script = ("import tensorflow as tf; tf.compat.v1.disable_v2_behavior(); import tests.test_packed_group as t; "
-              f"[t.check(k) for k in {OPTIMIZERS!r}]; print('ok')")
+              f"[t.check(k) for k in {OPTIMIZERS!r}]; t.check_unlooked_tables(); print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
@@ -298,3 +298,72 @@ def test_a_packed_table_is_found_by_name_in_global_variables():
     assert {"a", "b", column.name, "a/Adagrad", "b/Adagrad", f"{column.name}/Adagrad"} <= set(seen["saved"]), \
         seen["saved"]
     assert not any("packed" in name for name in seen["saved"]), seen["saved"]
+
+
+def _unlooked_program(directory: str, restore: str = "") -> dict:
+    """Tables ``a``, ``b`` looked up and ``c`` (one dim, made in ``embedding_scope()`` after their lookups) never
+    looked up, packing on:
+    initialised and saved by the default initializer and Saver; ``restore``: built again and restored without an
+    initializer (Estimator's evaluate and predict), then written through the table's own ``assign`` and
+    ``scatter_*``."""
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import packing  # pylint: disable=import-outside-toplevel
+    strategy = CollectiveStrategy("hb")
+    seen = {}
+    with tf.Graph().as_default(), strategy.scope(), packing.using(True):
+        with strategy.embedding_scope():
+            def make(name, rows, value):
+                return tf.compat.v1.get_variable(name, [rows, 2], initializer=tf.compat.v1.constant_initializer(value))
+
+            tables = {"a": make("a", A_ROWS, 1.0), "b": make("b", B_ROWS, 2.0)}
+            loss = (tf.reduce_sum(tf.nn.embedding_lookup(tables["a"], A_IDS))
+                    + tf.reduce_sum(tf.nn.embedding_lookup(tables["b"], B_IDS)))
+            tables["c"] = make("c", 3, 3.0)  # after a's and b's group is sealed: a group of its own, never looked up
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        if restore:
+            c = tables["c"]
+            writes = [c.assign(tf.fill([3, 2], 7.0)), c.scatter_update(tf.IndexedSlices(tf.fill([1, 2], 9.0), [2])),
+                      c.assign_add(tf.ones([3, 2]), read_value=False),
+                      c.scatter_sub(tf.IndexedSlices(tf.fill([1, 2], 4.0), [0]))]
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            if restore:
+                saver.restore(sess, restore)
+                seen["restored"] = sess.run(tables)
+                for write in writes:
+                    sess.run(write)
+                seen["written"] = sess.run(tables)
+                seen["refs"] = {t.ref() for t in tables.values()} | {tables["c"].ref()}
+            else:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(train)
+                seen["trained"] = sess.run(tables)
+                seen["path"] = saver.save(sess, os.path.join(directory, "ckpt"))
+    return seen
+
+
+def check_unlooked_tables() -> None:
+    """A packed table never looked up is initialised, saved under its name, restored without an initializer
+    (with its group's other tables) and written by its own ``assign`` / ``scatter_*``; equal to numpy."""
+    with tempfile.TemporaryDirectory() as directory:
+        trained = _unlooked_program(directory)
+        np.testing.assert_allclose(trained["trained"]["c"], np.full((3, 2), 3.0))
+        stored = _stored(trained["path"])
+        assert {"a", "b", "c"} <= set(stored) and not any("packed" in n for n in stored), sorted(stored)
+        np.testing.assert_allclose(stored["c"], np.full((3, 2), 3.0))
+        b = np.full((B_ROWS, 2), 2.0) - 0.5 * np.bincount(B_IDS, minlength=B_ROWS)[:, None]
+        np.testing.assert_allclose(stored["b"], b)
+        again = _unlooked_program(directory, restore=trained["path"])
+        for name in "abc":
+            np.testing.assert_allclose(again["restored"][name], trained["trained"][name], err_msg=name)
+        c = np.full((3, 2), 7.0)
+        c[2] = 9.0
+        c += 1.0
+        c[0] -= 4.0
+        np.testing.assert_allclose(again["written"]["c"], c)
+        np.testing.assert_allclose(again["written"]["b"], trained["trained"]["b"])  # c's writes keep b's rows
+        assert len(again["refs"]) == 3
+
+
+def test_packed_tables_not_looked_up_are_initialised_saved_written_and_restored_without_an_initializer():
+    check_unlooked_tables()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
@@ -71,10 +71,17 @@ def model_shapes(sharded: Iterable, saveables: Iterable, names: Optional[Mapping
     return shapes
 
 
+def model_saveables() -> List:
+    """Every saveable of the default graph a default Saver saves, packed tables never looked up included (their
+    groups sealed now)."""
+    packed_tables.seal_pending()
+    return all_saveable_objects()
+
+
 def split_var_list(var_list=None):
     """``(sharded variables, saveables of everything else)`` for ``var_list`` (default: all saveables)."""
     if var_list is None:
-        var_list = all_saveable_objects()
+        var_list = model_saveables()
     if isinstance(var_list, Mapping):
         items = list(var_list.items())
     else:
@@ -153,7 +160,7 @@ def check_model_dir(model_dir: str, var_list=None) -> Optional[str]:
     if latest is None:
         return None
     if var_list is None and not tf.executing_eagerly():
-        var_list = all_saveable_objects()
+        var_list = model_saveables()
     if var_list:
         sharded, saveables = split_var_list(var_list)
         check_shapes(model_shapes(sharded, saveables, sharded_names(var_list)), latest)

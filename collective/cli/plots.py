@@ -11,7 +11,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 COLORS = {"plain": "#7f7f7f", "tf_single": "#7f7f7f", "tf_mts": "#7f7f7f", "estimator": "#bcbd22",
           "hvd_replicated": "#1f77b4", "hvd_dp": "#1f77b4", "replicated": "#9467bd", "hb": "#d62728",
-          "sok": "#2ca02c"}
+          "hb_packed": "#ff7f0e", "sok": "#2ca02c"}
 OTHER_COLOR = "#333333"
 
 

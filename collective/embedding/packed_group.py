@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from collective.tf_internals import extending, saveable_object_util
+from collective.tf_internals import extending, object_identity, saveable_object_util
 
 SaveableObject = saveable_object_util.saveable_object.SaveableObject
 SaveSpec = saveable_object_util.saveable_object.SaveSpec
@@ -128,6 +128,55 @@ class PackedTable:
     def is_initialized(self, name: Optional[str] = None) -> tf.Tensor:
         return self.group.variable.is_initialized(name=name)
 
+    def _written(self, op: tf.Operation, read_value: bool):
+        if not read_value:
+            return op
+        with tf.control_dependencies([op]):
+            return self.value()
+
+    def _rows(self, indices) -> tf.Tensor:
+        indices = tf.convert_to_tensor(indices)
+        return indices + tf.constant(self.sealed_offset(), dtype=indices.dtype)
+
+    def assign(self, value, use_locking=None, name=None, read_value=True):  # pylint: disable=unused-argument
+        """Writes ``value`` (``[rows, dim]``) into the table's rows of its group (an uninitialized group starts at
+        zeros, :func:`write_rows`); the table's new rows, or the op when ``read_value`` is False."""
+        rows = tf.range(self.rows, dtype=tf.int64)
+        return self._written(write_rows(self.group.variable, tf.IndexedSlices(value, self._rows(rows))), read_value)
+
+    def assign_add(self, delta, use_locking=None, name=None, read_value=True):  # pylint: disable=unused-argument
+        rows = tf.range(self.rows, dtype=tf.int64)
+        return self.scatter_add(tf.IndexedSlices(delta, rows), read_value=read_value)
+
+    def assign_sub(self, delta, use_locking=None, name=None, read_value=True):  # pylint: disable=unused-argument
+        rows = tf.range(self.rows, dtype=tf.int64)
+        return self.scatter_sub(tf.IndexedSlices(delta, rows), read_value=read_value)
+
+    def _scatter(self, method: str, sparse_delta: tf.IndexedSlices, read_value: bool):
+        var = self.group.variable
+        delta = tf.IndexedSlices(tf.convert_to_tensor(sparse_delta.values, var.dtype.base_dtype),
+                                 self._rows(sparse_delta.indices))
+        if method == "scatter_update":
+            return self._written(write_rows(var, delta), read_value)
+        return self._written(getattr(var, method)(delta).op, read_value)
+
+    def scatter_update(self, sparse_delta, use_locking=False, name=None, read_value=True):  # pylint: disable=unused-argument
+        """Writes ``sparse_delta``'s rows (rows of this table) into the group's rows."""
+        return self._scatter("scatter_update", sparse_delta, read_value)
+
+    def scatter_add(self, sparse_delta, use_locking=False, name=None, read_value=True):  # pylint: disable=unused-argument
+        return self._scatter("scatter_add", sparse_delta, read_value)
+
+    def scatter_sub(self, sparse_delta, use_locking=False, name=None, read_value=True):  # pylint: disable=unused-argument
+        return self._scatter("scatter_sub", sparse_delta, read_value)
+
+    def ref(self):
+        """A hashable reference to the table (``Variable.ref()``: sets and dicts keyed by variables)."""
+        return object_identity.Reference(self)
+
+    def experimental_ref(self):
+        return self.ref()
+
     def _as_graph_element(self) -> tf.Tensor:
         """What ``sess.run(table)`` fetches: the table's rows, one read made on first use outside any control
         dependency or control flow (as a variable's graph element is), in a finalized graph too."""
@@ -149,6 +198,25 @@ def _read_packed_table(table: PackedTable, dtype=None, name=None, as_ref=False):
 tf.register_tensor_conversion_function(PackedTable, _read_packed_table)
 
 
+def write_rows(var: tf.Variable, rows: tf.IndexedSlices) -> tf.Operation:
+    """Writes ``rows`` (rows of the group variable ``var``, or of one of its slots) into ``var``; where ``var`` is
+    not initialized yet (a restore without the initializer: Estimator's evaluate and predict), it first holds
+    zeros, so a restore of every table of the group gives it all its rows. Writes of one variable in one run go
+    one after another (the Saver restores one tensor at a time), or the zeros of one would wipe another's rows."""
+    values = tf.convert_to_tensor(rows.values, var.dtype.base_dtype)
+    indices = rows.indices
+
+    def scatter():
+        with tf.control_dependencies([var.scatter_update(tf.IndexedSlices(values, indices)).op]):
+            return tf.constant(True)
+
+    def zeros_then_scatter():
+        with tf.control_dependencies([var.assign(tf.zeros(var.shape, var.dtype.base_dtype), read_value=False)]):
+            return scatter()
+
+    return tf.cond(var.is_initialized(), scatter, zeros_then_scatter).op
+
+
 class _RowsSaveable(SaveableObject):
     """Rows ``[offset, offset + rows)`` of ``var`` saved and restored under ``name``."""
 
@@ -159,7 +227,7 @@ class _RowsSaveable(SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):  # pylint: disable=unused-argument
         rows = tf.range(self._offset, self._offset + self._rows)
-        return self._var.scatter_update(tf.IndexedSlices(restored_tensors[0], rows)).op
+        return write_rows(self._var, tf.IndexedSlices(restored_tensors[0], rows))
 
 
 class PackedGroup:

@@ -35,7 +35,7 @@ from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tup
 import tensorflow as tf
 
 from collective.embedding import lookup, modes, packing
-from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable
+from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable, write_rows
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
 from collective.sharding import planner, shards
 from collective.tf_internals import extending, func_graph
@@ -108,6 +108,19 @@ def _seal(packed: PackedTable) -> None:
                             name=group_name(members[0].name, count))
     tf.compat.v1.add_to_collection(SHARDED_COLLECTION, group.variable)
     shards.pack([t.name for t in members], group.name)
+
+
+def seal_pending(graph: Optional[tf.Graph] = None) -> None:
+    """Makes the group variable of every packing group of ``graph`` (default: the current one) still waiting for
+    its first lookup: what the initializer and the default Saver need, for a table made but never looked up
+    (a model whose tables one graph makes, another, the evaluation graph, reads by name)."""
+    if tf.executing_eagerly():
+        return
+    graph = graph or tf.compat.v1.get_default_graph()
+    for members in list(_pending.get(graph, {}).values()):
+        if members:
+            with graph.as_default():
+                _seal(members[0])
 
 
 def group_name(first: str, count: int = 0) -> str:
@@ -244,15 +257,13 @@ class RowsView:
 
     def assign(self, value, read_value: bool = False):  # pylint: disable=unused-argument
         rows = tf.range(self._table.offset, self._table.offset + self._table.rows, dtype=tf.int64)
-        return self._var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(value, self._var.dtype.base_dtype),
-                                                         rows)).op
+        return write_rows(self._var, tf.IndexedSlices(value, rows))
 
     def scatter_update(self, sparse_delta: tf.IndexedSlices) -> tf.Operation:
         """Writes ``sparse_delta``'s rows (local rows of the table) into the group's rows: how a delta's restore
         writes the rows it holds (``collective.checkpoint.logical.assign_owned``)."""
         indices = sparse_delta.indices + tf.constant(self._table.offset, dtype=sparse_delta.indices.dtype)
-        values = tf.convert_to_tensor(sparse_delta.values, self._var.dtype.base_dtype)
-        return self._var.scatter_update(tf.IndexedSlices(values, indices)).op
+        return write_rows(self._var, tf.IndexedSlices(sparse_delta.values, indices))
 
 
 def _read_rows_view(view: RowsView, dtype=None, name=None, as_ref=False):  # pylint: disable=unused-argument

@@ -26,7 +26,7 @@ from collective.checkpoint import Saver
 from collective.checkpoint.saver import default_saver  # noqa: F401  (its public home: Scaffold's default saver)
 from collective.integration.hooks import PlanHook
 from collective.integration.incremental import IncrementalSaverHook
-from collective.embedding import modes
+from collective.embedding import modes, packed_tables
 from collective.embedding.table import SHARDED_COLLECTION, shard_of
 from collective.tf_internals import (basic_session_run_hooks, monitored_session, patches, saver_lib, training_util,
                                      variables)
@@ -170,6 +170,7 @@ def global_variables_initializer() -> tf.Operation:
     """
     if tf.executing_eagerly():
         return patches.original(variables, "global_variables_initializer")()
+    packed_tables.seal_pending()  # a packed table never looked up still gets its rows initialised
     return tf.compat.v1.variables_initializer(variables.global_variables() + comm.graph_counters())
 
 
@@ -251,6 +252,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
 
 def _holds_sharded_tables(var_list) -> bool:
     if var_list is None:
+        packed_tables.seal_pending()  # the default var_list then holds every packed table's group variable
         return bool(tf.compat.v1.get_collection(SHARDED_COLLECTION))
     values = var_list.values() if isinstance(var_list, dict) else var_list
     return any(shard_of(v) is not None for v in tf.nest.flatten(list(values)))

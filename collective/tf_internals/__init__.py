@@ -139,7 +139,7 @@ from tensorflow.python.training import checkpoint_utils  # noqa: E402
 from tensorflow.python.training import optimizer as optimizer_lib  # noqa: E402
 from tensorflow.python.training import saver as saver_lib  # noqa: E402
 from tensorflow.python.training.saving import saveable_object_util  # noqa: E402
-from tensorflow.python.util import compat, function_utils, nest  # noqa: E402
+from tensorflow.python.util import compat, function_utils, nest, object_identity  # noqa: E402
 from tensorflow_estimator.python.estimator import estimator as estimator_lib  # noqa: E402
 from tensorflow_estimator.python.estimator.export import export_lib  # noqa: E402
 # pylint: enable=wrong-import-position,ungrouped-imports
@@ -186,6 +186,6 @@ __all__ = [
     "clip_ops", "compat",
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
     "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",
-    "monitored_session", "nest", "optimizer_lib",
+    "monitored_session", "nest", "object_identity", "optimizer_lib",
     "saveable_object_util", "saver_lib", "training_util", "variable_v1", "variables",
 ]
