@@ -9,7 +9,9 @@ from typing import Any, Dict, List
 from datasets import schema
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-BACKENDS = ("hb", "sok", "replicated")
+BACKENDS = ("hb", "hb_packed", "sok", "replicated")
+# hb with packing on (docs/packing.md: COLLECTIVE_PACKING=1 for that run's graph), beside hb with it off.
+PACKED_MODES = ("hb_packed",)
 # As shipped, then tuned: ``*_tuned`` turn Grappler's arithmetic optimizer off (its
 # SimplifyEmbeddingLookupStage reads whole tables every step), ``hvd_dp_dense`` also allreduces the tables'
 # gradients dense (``sparse_as_dense=True``); ``ceiling`` is the model without lookups (constant vectors),
@@ -59,6 +61,11 @@ DEFAULTS: Dict[str, Any] = {
     "reader": False,  # measure the Parquet reader's rows/s on one core (benchmarks.data)
     "note": "",
 }
+
+
+def backend_of(mode: str) -> str:
+    """The ``CollectiveStrategy`` backend a collective mode runs (``hb_packed``: ``hb``)."""
+    return "hb" if mode in PACKED_MODES else mode
 
 
 class ConfigError(ValueError):

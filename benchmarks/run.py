@@ -80,7 +80,7 @@ def worker_steps(data_dir: str, n: int, b: int, steps: int) -> List[Dict[int, Di
 
 
 # The projection's name of each mode whose exchange it models.
-_PROJECTED = {"hb": "hb", "sok": "sok", "hvd_dp": "hvd_replicated", "hvd_dp_tuned": "hvd_replicated"}
+_PROJECTED = {"hb": "hb", "hb_packed": "hb", "sok": "sok", "hvd_dp": "hvd_replicated", "hvd_dp_tuned": "hvd_replicated"}
 
 
 def step_bytes(spec: Dict[str, Any], data_dir: str, dense_param_bytes: List[int]) -> Tuple[Optional[float], float]:

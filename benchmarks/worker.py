@@ -59,7 +59,7 @@ from collective.embedding.table import shard_of
 from datasets import schema
 
 logger = logging.getLogger("benchmarks.worker")
-COLLECTIVE_MODES = ("replicated", "hb", "sok")
+COLLECTIVE_MODES = ("replicated", "hb", "hb_packed", "sok")
 MODES = configs.BASELINES + COLLECTIVE_MODES
 _COLUMNS = frozenset(schema.CATEGORICAL)
 
@@ -235,11 +235,13 @@ def _run_session(spec: Dict[str, Any], data_dir: str, timer_args) -> Tuple[StepT
     r, n = comm.rank(), comm.world_size()
     if spec["mode"] in COLLECTIVE_MODES:
         from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+        from collective.embedding import packing  # pylint: disable=import-outside-toplevel
 
-        scope = CollectiveStrategy(spec["mode"]).scope()
+        scope = CollectiveStrategy(configs.backend_of(spec["mode"])).scope()
+        packs = packing.using(spec["mode"] in configs.PACKED_MODES)
     else:
-        scope = contextlib.nullcontext()
-    with scope:
+        scope, packs = contextlib.nullcontext(), contextlib.nullcontext()
+    with scope, packs:
         features, labels = tf.compat.v1.data.make_one_shot_iterator(input_fn(spec, data_dir, r, n)).get_next()
         train_op, loss, hooks = build_train(spec, features, labels)
         timer = StepTimer(loss, *timer_args)
