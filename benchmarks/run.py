@@ -145,6 +145,7 @@ def summarise(spec: Dict[str, Any], ranks: List[Dict[str, Any]], data_dir: str, 
         "dense_param_bytes": ranks[0]["dense_param_bytes"],
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
         "embedding_bytes": [r["embedding_bytes"] for r in ranks],
+        "packing_groups": ranks[0].get("packing_groups", 0),  # group variables of packed tables (hb_packed)
         # ops per step that read a whole table, per worker, in the graphs TensorFlow ran (after Grappler)
         "whole_table_reads": [r.get("whole_table_reads") for r in ranks],
         # the training loss over the last repeat's steps, averaged over workers (each on its own rows)

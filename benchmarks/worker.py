@@ -106,12 +106,17 @@ def table_reads(spec: Dict[str, Any]) -> TableReads:
 
 
 def variable_figures() -> Dict[str, Any]:
-    """This worker's table bytes (tables and their optimizer slots) and dense variable sizes in the default graph."""
+    """This worker's table bytes (tables and their optimizer slots), dense variable sizes and packing groups
+    (docs/packing.md) in the default graph."""
     graph = tf.compat.v1.get_default_graph()
     tables = table_variables()
     dense = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES) if not _is_embedding(v)]
+    from collective.embedding import packed_tables  # pylint: disable=import-outside-toplevel
+
     return {"embedding_bytes": sum(_variable_bytes(v) for v in tables),
-            "dense_param_bytes": [_variable_bytes(v) for v in dense]}
+            "dense_param_bytes": [_variable_bytes(v) for v in dense],
+            "packing_groups": sum(packed_tables.group_of(v) is not None
+                                  for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES))}
 
 
 def worker_batch(spec: Dict[str, Any], n: int) -> int:

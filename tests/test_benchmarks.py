@@ -273,8 +273,8 @@ def test_harness_writes_a_valid_record_per_run(tiny_run):
 
 @END_TO_END_TIMEOUT
 def test_every_mode_trains_the_same_model(tiny_run):
-    """The stock Estimator, plain TF, Horovod DP and the three backends start from the same tables and read the
-    same rows: their training losses agree (the rows' order within a global batch differs with N)."""
+    """The stock Estimator, plain TF, Horovod DP and the three backends (hb also packed) start from the same
+    tables and read the same rows: their training losses agree (the rows' order within a global batch differs with N)."""
     out, _ = tiny_run
     losses = {}
     for r in report.load_records(str(out)):
@@ -282,7 +282,10 @@ def test_every_mode_trains_the_same_model(tiny_run):
         model = "dlrm" if r["model"] == "dlrm_outside_scope" else r["model"]
         model = f"{model} ceiling" if r["mode"] == "ceiling" else model
         losses.setdefault(model, {})[(r["model"], r["mode"], r["workers"])] = r["loss"]
-    assert len(losses["dlrm"]) == 14 and len(losses["dlrm ceiling"]) == 2
+    assert len(losses["dlrm"]) == 16 and len(losses["dlrm ceiling"]) == 2
+    groups = {(r["mode"], r["workers"]): r["packing_groups"] for r in report.load_records(str(out))
+              if r["model"] == "dlrm" and r["mode"] in ("hb", "hb_packed")}
+    assert groups[("hb", 1)] == 0 and groups[("hb_packed", 1)] >= 1 and groups[("hb_packed", 2)] >= 1, groups
     assert losses["dlrm ceiling"][("dlrm", "ceiling", 1)] != pytest.approx(losses["dlrm"][("dlrm", "hb", 1)])
     for model, by_run in losses.items():
         values = np.array(list(by_run.values()))
@@ -318,7 +321,8 @@ def test_projected_bytes_equal_counted_bytes_on_2_and_3_workers(tiny_run):
         if r["mode"] == "hb" and r["workers"] > 1:  # every tiny table is sharded: hb moves the lower bound
             assert r["lower_bound_bytes_per_step"] == pytest.approx(r["bytes_per_step"], rel=1e-12), r["run_id"]
         checked += 1
-    assert checked == 9  # dlrm: hvd_dp, hvd_dp_tuned, hb, sok on 2; embedding: hvd_dp on 2, hb and sok on 2 and 3
+    assert checked == 10  # dlrm: hvd_dp, hvd_dp_tuned, hb, hb_packed, sok on 2; embedding: hvd_dp on 2, hb and sok on
+    # 2 and 3
 
 
 @END_TO_END_TIMEOUT
