@@ -226,6 +226,7 @@ def test_packed_group_refuses_tables_of_different_dims_and_partial_gradients():
 # A program that uses its packed tables as variables (collective.integration.packed, in scope()): two tables of one
 # dim made by get_variable in embedding_scope(), each summed over its ids, so each row's gradient is its id count.
 A_ROWS, B_ROWS, A_IDS, B_IDS = 5, 4, [4], [0, 2, 2]
+EMA_DECAY = 0.5
 
 
 def _packed_program(optimizer_of, column: bool = False, slots: bool = False) -> dict:
@@ -305,7 +306,9 @@ def _unlooked_program(directory: str, restore: str = "") -> dict:
     looked up, packing on:
     initialised and saved by the default initializer and Saver; ``restore``: built again and restored without an
     initializer (Estimator's evaluate and predict), then written through the table's own ``assign`` and
-    ``scatter_*``."""
+    ``scatter_*``, then restored from the tables' moving averages (``variables_to_restore()``, the serving
+    recipe). Training sums b's gradient into ``tf.Variable(tf.zeros_like(b))`` and keeps every table's moving
+    average (``ema.apply()``)."""
     from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
     from collective.embedding import packing  # pylint: disable=import-outside-toplevel
     strategy = CollectiveStrategy("hb")
@@ -319,7 +322,20 @@ def _unlooked_program(directory: str, restore: str = "") -> dict:
             loss = (tf.reduce_sum(tf.nn.embedding_lookup(tables["a"], A_IDS))
                     + tf.reduce_sum(tf.nn.embedding_lookup(tables["b"], B_IDS)))
             tables["c"] = make("c", 3, 3.0)  # after a's and b's group is sealed: a group of its own, never looked up
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(EMA_DECAY)
+        if not restore:  # b's gradient summed into a variable made from b, then every table's moving average
+            acc = tf.Variable(tf.zeros_like(tables["b"]), trainable=False, name="acc")
+            optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+            pairs = optimizer.compute_gradients(loss, [tables["a"], tables["b"]])
+            accumulate = tf.compat.v1.scatter_add(acc, pairs[1][0].indices, pairs[1][0].values)
+            with tf.control_dependencies([accumulate]):
+                apply = optimizer.apply_gradients(pairs)
+            with tf.control_dependencies([apply]):
+                train = ema.apply()  # the trainable variables: a, b and c
+            seen["trainable"] = sorted(v.op.name for v in tf.compat.v1.trainable_variables())
+            seen["shadow_b"] = ema.average(tables["b"])
+        else:
+            ema_saver = tf.compat.v1.train.Saver(ema.variables_to_restore())  # the serving recipe: shadows as tables
         if restore:
             c = tables["c"]
             writes = [c.assign(tf.fill([3, 2], 7.0)), c.scatter_update(tf.IndexedSlices(tf.fill([1, 2], 9.0), [2])),
@@ -334,17 +350,22 @@ def _unlooked_program(directory: str, restore: str = "") -> dict:
                     sess.run(write)
                 seen["written"] = sess.run(tables)
                 seen["refs"] = {t.ref() for t in tables.values()} | {tables["c"].ref()}
+                ema_saver.restore(sess, restore)
+                seen["ema_restored"] = sess.run(tables)
             else:
                 sess.run(tf.compat.v1.global_variables_initializer())
                 sess.run(train)
                 seen["trained"] = sess.run(tables)
+                seen["shadow_b"] = sess.run(seen["shadow_b"])
                 seen["path"] = saver.save(sess, os.path.join(directory, "ckpt"))
     return seen
 
 
 def check_unlooked_tables() -> None:
     """A packed table never looked up is initialised, saved under its name, restored without an initializer
-    (with its group's other tables) and written by its own ``assign`` / ``scatter_*``; equal to numpy."""
+    (with its group's other tables) and written by its own ``assign`` / ``scatter_*``; packed tables are listed by
+    ``trainable_variables()``, and a moving average of each and a variable made from one are saved as one
+    process's (``<table>/ExponentialMovingAverage``, ``acc``) and restored by name; equal to numpy."""
     with tempfile.TemporaryDirectory() as directory:
         trained = _unlooked_program(directory)
         np.testing.assert_allclose(trained["trained"]["c"], np.full((3, 2), 3.0))
@@ -353,6 +374,13 @@ def check_unlooked_tables() -> None:
         np.testing.assert_allclose(stored["c"], np.full((3, 2), 3.0))
         b = np.full((B_ROWS, 2), 2.0) - 0.5 * np.bincount(B_IDS, minlength=B_ROWS)[:, None]
         np.testing.assert_allclose(stored["b"], b)
+        assert trained["trainable"] == ["a", "b", "c"], trained["trainable"]  # the tables, not their groups
+        shadows = {name: EMA_DECAY * start + (1 - EMA_DECAY) * stored[name]
+                   for name, start in (("a", 1.0), ("b", 2.0), ("c", 3.0))}  # one update from the initial value
+        for name, shadow in shadows.items():
+            np.testing.assert_allclose(stored[f"{name}/ExponentialMovingAverage"], shadow, err_msg=name)
+        np.testing.assert_allclose(trained["shadow_b"], shadows["b"])
+        np.testing.assert_allclose(stored["acc"], np.bincount(B_IDS, minlength=B_ROWS)[:, None] * np.ones(2))
         again = _unlooked_program(directory, restore=trained["path"])
         for name in "abc":
             np.testing.assert_allclose(again["restored"][name], trained["trained"][name], err_msg=name)
@@ -363,6 +391,8 @@ def check_unlooked_tables() -> None:
         np.testing.assert_allclose(again["written"]["c"], c)
         np.testing.assert_allclose(again["written"]["b"], trained["trained"]["b"])  # c's writes keep b's rows
         assert len(again["refs"]) == 3
+        for name, shadow in shadows.items():
+            np.testing.assert_allclose(again["ema_restored"][name], shadow, err_msg=name)
 
 
 def test_packed_tables_not_looked_up_are_initialised_saved_written_and_restored_without_an_initializer():

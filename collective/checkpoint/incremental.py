@@ -77,7 +77,10 @@ def tombstones_key(name: str) -> str:
 
 def _table_of(var: tf.Variable) -> tf.Variable:
     owner = table_registry.slot_owner(var)
-    return var if owner is None else owner
+    table = var if owner is None else owner
+    # The Saver's view of a packed table's rows and a variable derived from the table (an EMA shadow) are one
+    # table's: the packed table.
+    return getattr(table, "packed_table", table)
 
 
 def group_tables(sharded: List[tf.Variable], names: Optional[Mapping[int, str]] = None) -> List[DeltaTable]:

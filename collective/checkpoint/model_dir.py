@@ -83,7 +83,7 @@ def split_var_list(var_list=None):
     if var_list is None:
         var_list = model_saveables()
     if isinstance(var_list, Mapping):
-        items = list(var_list.items())
+        items = packed_tables.expand_mapping(var_list)
     else:
         items = [(None, v) for v in packed_tables.expand_for_saving(list(var_list))]
     index_state = {id(v) for v in tf.compat.v1.get_collection(HASH_INDEX_STATE_COLLECTION)}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import weakref
-from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -357,4 +357,26 @@ def expand_for_saving(var_list: Sequence) -> List:
             out.extend(RowsView(var, t, _slot_name(var, slot, t), view_of(t)) for t in slot.tables)
         else:
             out.append(var)
+    return out
+
+
+def expand_mapping(var_list: Mapping) -> List[Tuple[str, object]]:
+    """``(name, variable)`` pairs of a ``{name: variable}`` var_list (``ExponentialMovingAverage
+    .variables_to_restore()``) where each packed table is a :class:`RowsView` of its rows saved under its name,
+    a group variable the views of its tables not mapped by name already (under their own names), and a group's
+    slot its tables' slot views."""
+    mapped = {id(v) for v in var_list.values() if isinstance(v, PackedTable)}
+    out: List[Tuple[str, object]] = []
+    for name, var in var_list.items():
+        group, slot = group_of(var), slot_group(var)
+        if isinstance(var, PackedTable):
+            out.append((name, RowsView(var.group.variable, var, name)))
+        elif group is not None:
+            out += [(t.name, RowsView(var, t, t.name)) for t in group.tables if id(t) not in mapped]
+        elif slot is not None:
+            for t in slot.tables:
+                slot_name = _slot_name(var, slot, t)
+                out.append((slot_name, RowsView(var, t, slot_name, RowsView(t.group.variable, t, t.name))))
+        else:
+            out.append((name, var))
     return out

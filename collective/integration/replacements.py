@@ -36,8 +36,8 @@ from collective.embedding import gradient_norms
 from collective.integration import column_lookups, estimator, lookups, packed, session, sync, training, warm_start
 from collective.tf_internals import (array_ops, batch_normalization, checkpoint_utils, clip_ops, dense_features,
                                      embedding_ops, estimator_lib, feature_column_v1, keras_compute_gradients,
-                                     keras_optimizers, monitored_session, optimizer_lib, patches, saver_lib,
-                                     variable_v1, variables)
+                                     keras_optimizers, monitored_session, moving_averages, optimizer_lib, patches,
+                                     saver_lib, variable_v1, variables)
 
 _SESSION = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
             "writes summaries")
@@ -119,6 +119,20 @@ INSTALLED = [
     patches.register(tf.compat.v1, "global_variables", packed.global_variables,
                      "packed tables are listed in place of their group's variable (a program finds its table by "
                      "name)"),
+    patches.register(moving_averages.ExponentialMovingAverage, "apply",
+                     training.averaging_method(moving_averages.ExponentialMovingAverage, "apply",
+                                               packed.moving_average_apply),
+                     "a packed table's moving average is a shadow of its own rows, saved as the table's"),
+    patches.register(moving_averages.ExponentialMovingAverage, "variables_to_restore",
+                     training.averaging_method(moving_averages.ExponentialMovingAverage, "variables_to_restore",
+                                               packed.moving_average_variables_to_restore),
+                     "a packed table is restored from its shadow's name, as a variable is"),
+    patches.register(moving_averages.ExponentialMovingAverage, "average_name",
+                     training.averaging_method(moving_averages.ExponentialMovingAverage, "average_name",
+                                               packed.moving_average_name),
+                     "a packed table's shadow is named as one process's"),
+    patches.register(tf.compat.v1, "trainable_variables", packed.trainable_variables,
+                     "the same for the trainable variables (a program lists, regularizes or clips its tables)"),
     patches.register(clip_ops, "global_norm", gradient_norms.global_norm,
                      "tables' gradients count in the global norm as one process's (clip_by_global_norm calls it)"),
     patches.register(tf.linalg, "global_norm", gradient_norms.global_norm, "the same, under its public name"),
