@@ -159,13 +159,19 @@ def split_pairs(pairs: Sequence[tuple]) -> List[tuple]:
         elif grad is None:
             out.extend((None, t) for t in group.tables)
         else:
-            out.extend(zip(group.split_gradient(_as_slices(grad, group.variable)), group.tables))
+            whole = _as_slices(grad, group.variable)
+            parts = group.split_gradient(whole)
+            for part in parts:  # merge_pairs gives back ``whole`` for the parts unchanged
+                part._collective_split_of = (whole, parts)  # pylint: disable=protected-access
+            out.extend(zip(parts, group.tables))
     return out
 
 
 def merge_pairs(pairs: Sequence[tuple]) -> List[tuple]:
     """``(grad, var)`` pairs with each group's tables' pairs merged into one pair of the group variable, where the
-    first of them stood; refused, naming the tables, when a pair holds some of a group's tables but not all."""
+    first of them stood; refused, naming the tables, when a pair holds some of a group's tables but not all. The
+    tables' gradients exactly as :func:`split_pairs` made them (``minimize``, no clipping) give back the group's
+    gradient they were split from, so the step runs neither the split nor the merge."""
     groups: Dict[int, Tuple[PackedGroup, Dict[int, object]]] = {}
     out: List[Optional[tuple]] = []
     for grad, var in pairs:
@@ -185,6 +191,10 @@ def merge_pairs(pairs: Sequence[tuple]) -> List[tuple]:
                              f"{[t.name for t in group.tables if id(t) in grads]} but not {missing}, which share its "
                              "variable: update all its tables together, or set COLLECTIVE_PACKING=0")
         ordered = [grads[id(t)] for t in group.tables]
+        whole, parts = getattr(ordered[0], "_collective_split_of", (None, ()))
+        if len(parts) == len(ordered) and all(a is b for a, b in zip(parts, ordered)):
+            merged[key] = (whole, group.variable)  # the split gradient unchanged: no split or merge runs
+            continue
         if all(g is None for g in ordered):
             merged[key] = (None, group.variable)
             continue
