@@ -207,7 +207,7 @@ def test_packed_tables_of_the_strategy_train_and_checkpoint_as_unpacked_with_one
 
 def test_packed_group_under_tf1_behaviour():
     script = ("import tensorflow as tf; tf.compat.v1.disable_v2_behavior(); import tests.test_packed_group as t; "
-              f"[t.check(k) for k in {OPTIMIZERS!r}]; t.check_unlooked_tables(); print('ok')")
+              f"[t.check(k) for k in {OPTIMIZERS!r}]; t.check_unlooked_tables(); t.check_warm_start(); print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
@@ -294,7 +294,8 @@ def test_a_packed_table_is_found_by_name_in_global_variables():
     by_name = {v.op.name: v for v in seen["listed"]}
     [column] = [v for v in seen["listed"] if v.op.name.endswith("embedding_weights")]  # as a recipe finds it
     assert by_name["a"] is a and by_name["b"] is b and column.group is a.group, sorted(by_name)
-    assert "collective_packed/a" not in by_name and seen["in_scope_b"] == [b], sorted(by_name)
+    assert "collective_packed/a" not in by_name and seen["in_scope_b"][0] is b, sorted(by_name)
+    assert [v.op.name for v in seen["in_scope_b"]] == ["b", "b/Adagrad"]  # as TensorFlow lists b and its slot
     assert {id(a), id(b), id(column)} <= {id(v) for _, v in seen["pairs"]}  # the objects the gradients are paired to
     assert {"a", "b", column.name, "a/Adagrad", "b/Adagrad", f"{column.name}/Adagrad"} <= set(seen["saved"]), \
         seen["saved"]
@@ -397,3 +398,50 @@ def check_unlooked_tables() -> None:
 
 def test_packed_tables_not_looked_up_are_initialised_saved_written_and_restored_without_an_initializer():
     check_unlooked_tables()
+
+
+WARM = {"ws/a": (5, 1), "ws/b": (4, 2), "ws2/c": (3, 3), "ws4/e": (2, 4)}  # name: (rows, seed of its stored value)
+
+
+def _warm_value(name: str) -> np.ndarray:
+    rows, seed = WARM[name]
+    return np.random.default_rng(seed).normal(size=(rows, 2)).astype(np.float32)
+
+
+def check_warm_start() -> None:
+    """Packed tables warm-start from a plain TensorFlow checkpoint as variables do: a scope mapping
+    (``init_from_checkpoint({"ws/": "ws/"})``) and ``warm_start(vars_to_warm_start="ws2/.*")`` after the group is
+    sealed, a one-to-one mapping onto a table made after the seal; a table not named keeps its own initial value."""
+    from collective import CollectiveStrategy  # pylint: disable=import-outside-toplevel
+    from collective.embedding import packing  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "warm")
+        with tf.Graph().as_default():
+            stored = [tf.compat.v1.get_variable(name, initializer=_warm_value(name)) for name in WARM]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                tf.compat.v1.train.Saver(stored).save(sess, path)
+        strategy = CollectiveStrategy("hb")
+        with tf.Graph().as_default(), strategy.scope(), packing.using(True):
+            with strategy.embedding_scope():
+                rows = {"ws/a": 5, "ws/b": 4, "ws2/c": 3, "ws3/d": 3}
+                tables = {name: tf.compat.v1.get_variable(name, [count, 2],
+                                                          initializer=tf.compat.v1.constant_initializer(7.0))
+                          for name, count in rows.items()}
+                tf.nn.embedding_lookup(tables["ws/a"], [0])  # seals the group of the four
+                tables["e"] = tf.compat.v1.get_variable("ws4/e", [2, 2], initializer=tf.compat.v1.zeros_initializer())
+            assert tables["ws/a"].group is tables["ws3/d"].group
+            tf.compat.v1.train.init_from_checkpoint(path, {"ws/": "ws/"})
+            tf.compat.v1.train.warm_start(path, vars_to_warm_start="ws2/.*")
+            tf.compat.v1.train.init_from_checkpoint(path, {"ws4/e": tables["e"]})
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got = sess.run(tables)
+    for name in ("ws/a", "ws/b", "ws2/c"):
+        np.testing.assert_array_equal(got[name], _warm_value(name), err_msg=name)
+    np.testing.assert_array_equal(got["e"], _warm_value("ws4/e"))
+    np.testing.assert_array_equal(got["ws3/d"], np.full((3, 2), 7.0))  # not warm-started
+
+
+def test_packed_tables_warm_start_from_a_checkpoint_as_variables_do():
+    check_warm_start()

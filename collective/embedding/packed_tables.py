@@ -35,10 +35,10 @@ from typing import Callable, ContextManager, Dict, List, Mapping, Optional, Sequ
 import tensorflow as tf
 
 from collective.embedding import lookup, modes, packing
-from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable, write_rows
+from collective.embedding.packed_group import NamedOp, PackedGroup, PackedTable, row_range, write_rows
 from collective.embedding.table import SHARDED_COLLECTION, ShardInfo, scoped_contract, shard_of
 from collective.sharding import planner, shards
-from collective.tf_internals import extending, func_graph
+from collective.tf_internals import extending, func_graph, set_initializer
 
 _GroupKey = Tuple[str, int, int]
 PACKED_SCOPE = "collective_packed"
@@ -121,6 +121,23 @@ def seal_pending(graph: Optional[tf.Graph] = None) -> None:
         if members:
             with graph.as_default():
                 _seal(members[0])
+
+
+def set_initial(table: PackedTable, rows: tf.Tensor) -> None:
+    """Makes ``rows`` (this worker's rows of the table) ``table``'s initial value (a warm start): before the seal
+    the group takes them; after it, the group variable's initializer writes them with its other tables' initial
+    rows unchanged (the same ops, so the same random values)."""
+    table.initial = lambda: rows
+    group = table._group  # pylint: disable=protected-access
+    if group is None:
+        return
+    var = group.variable
+    with tf.init_scope(), var.graph.name_scope(None):
+        initial = tf.convert_to_tensor(var.initial_value)
+        value = tf.concat([rows if t is table else tf.slice(initial, [t.offset, 0], [t.rows, -1])
+                           for t in group.tables], 0)
+        set_initializer(var, var.assign(value, read_value=False))
+    var._initial_value = value  # pylint: disable=protected-access
 
 
 def group_name(first: str, count: int = 0) -> str:
@@ -254,6 +271,14 @@ class RowsView:
     def read_value(self) -> tf.Tensor:
         return tf.slice(self._var.value(), [self._table.offset, 0], [self._table.rows, -1])
 
+    @property
+    def initializer(self) -> tf.Operation:
+        """The initializer of the variable holding the rows (``variables_initializer`` of a listing)."""
+        return self._var.initializer
+
+    def is_initialized(self, name: Optional[str] = None) -> tf.Tensor:
+        return self._var.is_initialized(name=name)
+
     def _as_graph_element(self) -> tf.Tensor:
         """What ``sess.run(view)`` fetches: the rows, one read made on first use outside any control dependency or
         control flow, in a finalized graph too."""
@@ -266,7 +291,7 @@ class RowsView:
         return self.read_value()
 
     def assign(self, value, read_value: bool = False):  # pylint: disable=unused-argument
-        rows = tf.range(self._table.offset, self._table.offset + self._table.rows, dtype=tf.int64)
+        rows = row_range(self._table.offset, self._table.rows)
         return write_rows(self._var, tf.IndexedSlices(value, rows))
 
     def scatter_update(self, sparse_delta: tf.IndexedSlices) -> tf.Operation:
@@ -321,12 +346,19 @@ def listing(variables: Sequence, scope: Optional[str] = None) -> List:
     """``variables`` (a graph's global variables) with each group variable replaced by its tables, and the packed
     tables of the current graph not sealed yet added (those that match ``scope``, a ``re.match`` pattern, when it
     is given): how ``tf.compat.v1.global_variables()`` lists them in ``scope()``, so that a program finds its
-    table by name. Slots of a group variable stay listed as they are."""
+    table by name. A slot of a group variable is listed as its tables' slots (:func:`slot_view`: ``<table>/Adagrad``),
+    as ``optimizer.get_slot(table, name)`` gives them."""
     out: List = []
     listed = set()
     for var in variables:
-        group = group_of(var)
-        for item in (group.tables if group is not None else [var]):
+        group, slot = group_of(var), slot_group(var)
+        if group is not None:
+            items = group.tables
+        elif slot is not None:  # the tables' rows of the group's slot, named as the unpacked tables' slots
+            items = [slot_view(var, t) for t in slot.tables]
+        else:
+            items = [var]
+        for item in items:
             if id(item) not in listed:
                 listed.add(id(item))
                 out.append(item)

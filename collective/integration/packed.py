@@ -12,7 +12,8 @@ rows of its group's variable, not a variable. Inside ``scope()``:
   that finds its table by name (``v.op.name``) finds it; the listing can be
   given to ``variables_initializer``, ``report_uninitialized_variables`` and
   a ``Saver`` (each table saved once, under its own name). The group's slots
-  stay listed. ``tf.compat.v1.trainable_variables()`` lists the tables the
+  are listed as the tables' slots (``<table>/Adagrad``, what ``get_slot``
+  gives). ``tf.compat.v1.trainable_variables()`` lists the tables the
   same way (a program's L2 term or ``var_list`` of its tables). The
   ``GLOBAL_VARIABLES`` and ``TRAINABLE_VARIABLES`` collections still hold
   the group variable, which is what TensorFlow's own code (default

@@ -37,7 +37,7 @@ from collective.integration import column_lookups, estimator, lookups, packed, s
 from collective.tf_internals import (array_ops, batch_normalization, checkpoint_utils, clip_ops, dense_features,
                                      embedding_ops, estimator_lib, feature_column_v1, keras_compute_gradients,
                                      keras_optimizers, monitored_session, moving_averages, optimizer_lib, patches,
-                                     saver_lib, variable_v1, variables)
+                                     saver_lib, variable_v1, variables, warm_starting_util)
 
 _SESSION = ("every worker creates its session as a chief and saves checkpoints with the others; rank 0 alone "
             "writes summaries")
@@ -81,6 +81,10 @@ INSTALLED = [
                      "of the stored logical table"),
     patches.register(checkpoint_utils, "_set_checkpoint_initializer", warm_start.set_checkpoint_initializer,
                      "the same for sharded tables reached by scope mappings ({'/': '/'})"),
+    patches.register(warm_starting_util, "_get_grouped_variables", warm_start.grouped_variables,
+                     "warm_start / warm_start_from find packed tables by name, not their group's variable"),
+    patches.register(warm_starting_util, "_infer_var_name", warm_start.infer_var_name,
+                     "the same: a packed table's name is its own"),
     patches.register(tf.compat.v1.train, "Saver", session.UserSaver,
                      "a user's Saver over sharded tables saves and restores them as logical tables "
                      "(collective.checkpoint.Saver)"),

@@ -14,24 +14,41 @@ sharded table is checked against the table's logical shape, not its shard's
 from __future__ import annotations
 
 from collections import abc
+from typing import List, Tuple
 
 import tensorflow as tf
 
+from collective.embedding import packed_tables
+from collective.embedding.packed_group import PackedTable
 from collective.embedding.table import shard_of
-from collective.tf_internals import checkpoint_utils, io_ops, patches, set_initializer
+from collective.tf_internals import checkpoint_utils, io_ops, patches, set_initializer, warm_starting_util
 
 
 def _table(target):
-    """The sharded table ``target`` (a variable or a variable-store name) stands for, else None."""
+    """The sharded table ``target`` (a variable, a packed table alone in a list as ``warm_start`` passes it, or a
+    variable-store name) stands for, else None."""
+    if isinstance(target, (list, tuple)) and len(target) == 1 and isinstance(target[0], PackedTable):
+        target = target[0]
     if isinstance(target, str):
         target = _stored(target)
     return target if target is not None and shard_of(target) is not None else None
 
 
 def _stored(name: str):
-    """The variable ``get_variable`` made under ``name`` in the default graph, else None."""
+    """The variable (or packed table) ``get_variable`` made under ``name`` in the default graph, else None."""
+    packed = packed_tables.existing(name)
+    if packed is not None:
+        return packed
     store = tf.compat.v1.get_default_graph().get_collection_ref(("__variable_store",))
     return store[0]._vars.get(name) if store else None  # pylint: disable=protected-access
+
+
+def _packed_in_scope(tensor_scope: str, scope: str) -> List[Tuple[str, PackedTable]]:
+    """``(stored tensor name, packed table)`` of a scope mapping ``{tensor_scope: scope}`` (``{"/": "/"}``: every
+    table): the packed tables, which the variable store does not hold, under ``scope``."""
+    tensor_scope, scope = ("" if s == "/" else s for s in (tensor_scope, scope))
+    return [(tensor_scope + t.name[len(scope):], t) for t in packed_tables.listing([], None)
+            if isinstance(t, PackedTable) and t.name.startswith(scope)]
 
 
 def _load_rows(table, ckpt_file: str, tensor_name: str) -> None:
@@ -55,6 +72,9 @@ def _load_rows(table, ckpt_file: str, tensor_name: str) -> None:
                                   name="checkpoint_initializer")[0]
     rows = info.layout.local_part(whole)
     rows.set_shape(table.shape)
+    if isinstance(table, PackedTable):
+        packed_tables.set_initial(table, rows)
+        return
     set_initializer(table, table.assign(rows, read_value=False))
     table._initial_value = rows  # pylint: disable=protected-access
 
@@ -78,6 +98,8 @@ def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
     pairs = list(assignment_map.items() if isinstance(assignment_map, abc.Mapping) else assignment_map)
     rest = []
     for tensor_name, target in pairs:
+        if isinstance(target, str) and target.endswith("/") and isinstance(tensor_name, str):
+            pairs += _packed_in_scope(tensor_name, target)
         table = None if isinstance(target, str) and target.endswith("/") else _table(target)
         if table is None:
             rest.append((tensor_name, target))
@@ -90,3 +112,39 @@ def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
                    tensor_name)
     if rest or not pairs:
         patches.original(checkpoint_utils, "_init_from_checkpoint")(ckpt_dir_or_file, rest)
+
+
+def grouped_variables(vars_to_warm_start):
+    """``warm_starting_util._get_grouped_variables``: the variables ``warm_start`` (and Estimator's
+    ``warm_start_from``) loads, with packed tables where the request names them (a pattern over the trainable
+    variables, names, or the tables themselves) and no group variable (collective's own)."""
+    packed: List[PackedTable] = []
+    request = vars_to_warm_start
+    if isinstance(request, list) and any(isinstance(v, PackedTable) for v in request):
+        packed = [v for v in request if isinstance(v, PackedTable)]
+        request = [v for v in request if not isinstance(v, PackedTable)]
+    if isinstance(request, str) or request is None:
+        patterns = [request]
+    elif isinstance(request, list) and request and all(isinstance(v, str) for v in request):
+        patterns = request
+    else:
+        patterns = []
+    for pattern in patterns:
+        packed += [t for t in packed_tables.listing([], pattern) if isinstance(t, PackedTable)]
+    grouped = patches.original(warm_starting_util, "_get_grouped_variables")(request) if request != [] else {}
+    grouped = {name: group for name, group in grouped.items()
+               if not any(packed_tables.group_of(v) is not None for v in group)}
+    for table in packed:
+        grouped.setdefault(table.name, [table])
+    return grouped
+
+
+def infer_var_name(var) -> str:
+    """``warm_starting_util._infer_var_name``: a packed table (alone in nested lists, as ``warm_start`` passes
+    it) is named by its own name."""
+    item = var
+    while isinstance(item, (list, tuple)) and len(item) == 1:
+        item = item[0]
+    if isinstance(item, PackedTable):
+        return item.name
+    return patches.original(warm_starting_util, "_infer_var_name")(var)

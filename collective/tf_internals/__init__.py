@@ -135,7 +135,7 @@ from tensorflow.python.ops import array_ops, clip_ops, embedding_ops, io_ops, va
 from tensorflow.python.ops.variable_scope import _PartitionInfo as PartitionInfo  # noqa: E402
 from tensorflow.python.saved_model.model_utils import export_utils  # noqa: E402
 from tensorflow.python.training import basic_session_run_hooks, monitored_session, training_util  # noqa: E402
-from tensorflow.python.training import checkpoint_utils, moving_averages  # noqa: E402
+from tensorflow.python.training import checkpoint_utils, moving_averages, warm_starting_util  # noqa: E402
 from tensorflow.python.training import optimizer as optimizer_lib  # noqa: E402
 from tensorflow.python.training import saver as saver_lib  # noqa: E402
 from tensorflow.python.training.saving import saveable_object_util  # noqa: E402
@@ -187,5 +187,5 @@ __all__ = [
     "dense_features", "embedding_ops", "estimator_lib", "export_lib", "export_utils", "feature_column_v1",
     "feature_column_v2", "func_graph", "function_utils", "io_ops", "keras_compute_gradients", "keras_optimizers",
     "monitored_session", "moving_averages", "nest", "object_identity", "optimizer_lib",
-    "saveable_object_util", "saver_lib", "training_util", "variable_v1", "variables",
+    "saveable_object_util", "saver_lib", "training_util", "variable_v1", "variables", "warm_starting_util",
 ]
