@@ -63,11 +63,13 @@ def _assert_close(got, expected, dtype, what):
     if cases.TOLERANCE[dtype]:
         np.testing.assert_allclose(got, expected, **cases.TOLERANCE[dtype], err_msg=what)
         return
-    # float32: all but a few weights agree to ~1e-6 (measured: mean difference <= 5e-6, at most 0.3%
-    # of the elements off by more than 1e-4).
+    # float32 under Adam: a gradient near zero is a rounding of the workers' partial sums, and Adam's m/sqrt(v)
+    # turns its sign into a step of the learning rate, so how close 2 workers stay to one process depends on the
+    # CPU's summation order (measured: mean difference <= 5e-6 on one machine, 9e-5 with 1.3% of the elements
+    # off by more than 1e-3 on an AVX-512 one, at e850c51 too). Exactness is the float64 runs' to check.
     diff = np.abs(got - expected)
-    assert diff.mean() < 1e-5, (what, diff.mean())
-    assert (diff > 1e-4).mean() < 5e-3, (what, (diff > 1e-4).mean())
+    assert diff.mean() < 3e-4, (what, diff.mean())
+    assert (diff > 1e-3).mean() < 3e-2, (what, (diff > 1e-3).mean())
 
 
 @pytest.mark.parametrize("run", RUNS, ids=_run_id)
@@ -77,8 +79,9 @@ def test_demo_model_trains_like_one_process(recipe_runs, run):
     table_name = str(res[0]["table_name"])
     assert all(str(r["table_name"]) == table_name for r in res)
     losses, table, dense = cases.reference_training(table_name, dtype, "keras_adam" if which == "sok_adam" else which)
-    # The recipe prints the average of the workers' losses; each is a part of the global mean.
-    np.testing.assert_allclose(res[0]["losses"] * n, losses, rtol=1e-5 if dtype == "float64" else 1e-4)
+    # The recipe prints the average of the workers' losses; each is a part of the global mean (float32: see
+    # _assert_close; measured up to 3.5e-4).
+    np.testing.assert_allclose(res[0]["losses"] * n, losses, rtol=1e-5 if dtype == "float64" else 1e-3)
     seen = cases.seen_keys()
     position = {int(k): i for i, k in enumerate(cases.KEY_POOL)}
     for r in range(n):
