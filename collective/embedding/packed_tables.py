@@ -370,6 +370,12 @@ def listing(variables: Sequence, scope: Optional[str] = None) -> List:
     return [v for v in out if hasattr(v, "name") and pattern.match(v.name)]
 
 
+def made_tables(scope: Optional[str] = None) -> List[PackedTable]:
+    """The packed tables the getter made in the current graph, in the order made (those whose name
+    ``re.match``-es ``scope`` when it is given), sealed or not."""
+    return [t for t in listing([], scope) if isinstance(t, PackedTable)]
+
+
 def expand_for_saving(var_list: Sequence) -> List:
     """``var_list`` with each group variable, and each of its slots, replaced by its tables' :class:`RowsView`
     under the names the unpacked tables (and their slots) have."""

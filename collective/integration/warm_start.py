@@ -47,8 +47,8 @@ def _packed_in_scope(tensor_scope: str, scope: str) -> List[Tuple[str, PackedTab
     """``(stored tensor name, packed table)`` of a scope mapping ``{tensor_scope: scope}`` (``{"/": "/"}``: every
     table): the packed tables, which the variable store does not hold, under ``scope``."""
     tensor_scope, scope = ("" if s == "/" else s for s in (tensor_scope, scope))
-    return [(tensor_scope + t.name[len(scope):], t) for t in packed_tables.listing([], None)
-            if isinstance(t, PackedTable) and t.name.startswith(scope)]
+    return [(tensor_scope + t.name[len(scope):], t) for t in packed_tables.made_tables()
+            if t.name.startswith(scope)]
 
 
 def _load_rows(table, ckpt_file: str, tensor_name: str) -> None:
@@ -96,10 +96,11 @@ def init_from_checkpoint(ckpt_dir_or_file, assignment_map):
     Scope mappings (``{"/": "/"}``) reach :func:`set_checkpoint_initializer`.
     """
     pairs = list(assignment_map.items() if isinstance(assignment_map, abc.Mapping) else assignment_map)
+    pairs += [pair for tensor_name, target in list(pairs)
+              if isinstance(target, str) and target.endswith("/") and isinstance(tensor_name, str)
+              for pair in _packed_in_scope(tensor_name, target)]
     rest = []
     for tensor_name, target in pairs:
-        if isinstance(target, str) and target.endswith("/") and isinstance(tensor_name, str):
-            pairs += _packed_in_scope(tensor_name, target)
         table = None if isinstance(target, str) and target.endswith("/") else _table(target)
         if table is None:
             rest.append((tensor_name, target))
@@ -130,7 +131,7 @@ def grouped_variables(vars_to_warm_start):
     else:
         patterns = []
     for pattern in patterns:
-        packed += [t for t in packed_tables.listing([], pattern) if isinstance(t, PackedTable)]
+        packed += packed_tables.made_tables(pattern)
     grouped = patches.original(warm_starting_util, "_get_grouped_variables")(request) if request != [] else {}
     grouped = {name: group for name, group in grouped.items()
                if not any(packed_tables.group_of(v) is not None for v in group)}
