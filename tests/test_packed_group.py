@@ -445,3 +445,17 @@ def check_warm_start() -> None:
 
 def test_packed_tables_warm_start_from_a_checkpoint_as_variables_do():
     check_warm_start()
+
+
+def test_a_packed_26_table_dlrm_step_holds_one_sparse_apply_per_packing_group():
+    """The zoo's DLRM as the benchmarks train it (26 Criteo tables of one dim through feature columns and
+    ``input_layer``, Adagrad): one sparse apply for its one packing group, against one per table unpacked.
+    Regression: TensorFlow's ``safe_embedding_lookup_sparse`` asked each table for its graph element
+    (``name_scope(values=...)``), which sealed its group before the next column's table was made, so every table
+    had a group of its own (``packed_group.seals_deferred`` inside ``input_layer``'s coalesced lookups)."""
+    from benchmarks import config as configs  # pylint: disable=import-outside-toplevel
+    from benchmarks import graph_build  # pylint: disable=import-outside-toplevel
+
+    built = graph_build.measure(configs.load("packing_quick"), ["dlrm"], repeats=1)
+    assert built["dlrm hb"]["sparse_applies"] == 26 and built["dlrm hb_packed"]["sparse_applies"] == 1, built
+    assert built["dlrm hb_packed"]["ops"] < built["dlrm hb"]["ops"], built

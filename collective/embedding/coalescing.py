@@ -20,6 +20,7 @@ from typing import Iterator, List, Optional, Tuple
 import tensorflow as tf
 
 from collective.embedding.lookup import Request, run
+from collective.embedding.packed_group import seals_deferred
 from collective.tf_internals import control_flow_context, func_graph
 
 _state = threading.local()
@@ -54,7 +55,8 @@ def coalescing() -> Iterator[None]:
         return
     _state.pending = []
     try:
-        yield
+        with seals_deferred():
+            yield
         pending = _state.pending
     finally:
         _state.pending = None

@@ -17,9 +17,11 @@ TensorFlow behaviours.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Callable, List, Optional, Sequence, Tuple
+import threading
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +30,23 @@ from collective.tf_internals import extending, object_identity, saveable_object_
 
 SaveableObject = saveable_object_util.saveable_object.SaveableObject
 SaveSpec = saveable_object_util.saveable_object.SaveSpec
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def seals_deferred() -> Iterator[None]:
+    """Inside the block a table whose group is not sealed yet gives no graph element instead of sealing it
+    (TensorFlow's ``name_scope(values=[table, ...])``, in ``safe_embedding_lookup_sparse``, asks each input for
+    one): the coalesced lookups of ``input_layer`` run at the block's end, when every table of its columns is
+    made, so one lookup seals them all into one group."""
+    previous = getattr(_local, "deferred", False)
+    _local.deferred = True
+    try:
+        yield
+    finally:
+        _local.deferred = previous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +199,8 @@ class PackedTable:
     def _as_graph_element(self) -> tf.Tensor:
         """What ``sess.run(table)`` fetches: the table's rows, one read made on first use outside any control
         dependency or control flow (as a variable's graph element is), in a finalized graph too."""
+        if self._group is None and getattr(_local, "deferred", False):
+            return None  # asked for its graph only (seals_deferred)
         if self._fetched is None:
             graph = self.group.variable.graph
             with extending(graph), graph.control_dependencies(None), graph.name_scope(None):
