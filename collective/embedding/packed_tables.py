@@ -422,9 +422,7 @@ def expand_mapping(var_list: Mapping) -> List[Tuple[str, object]]:
         elif group is not None:
             out += [(t.name, RowsView(var, t, t.name)) for t in group.tables if id(t) not in mapped]
         elif slot is not None:
-            for t in slot.tables:
-                slot_name = _slot_name(var, slot, t)
-                out.append((slot_name, RowsView(var, t, slot_name, RowsView(t.group.variable, t, t.name))))
+            out += [(view.name, view) for view in (slot_view(var, t) for t in slot.tables)]
         else:
             out.append((name, var))
     return out
